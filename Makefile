@@ -1,0 +1,52 @@
+# The two commands a newcomer needs:  `make lab`  and  `make test`.
+# Everything installs into .venv; nothing touches the system Python.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Where there is no NVIDIA GPU, torch is installed as a CPU build first, so that the looser
+# `torch` requirement of the package never pulls a multi-GB CUDA build. Elsewhere, point pip
+# at PyTorch's CPU wheels with, for example:
+#   make test TORCH_CPU="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH_CPU ?= torch==2.13.0
+PORT ?= 8888
+
+.PHONY: setup lab test lint exercises doctor wheel clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+	    echo "NVIDIA GPU found: torch comes from the package requirements"; \
+	else \
+	    echo "No NVIDIA GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
+	    $(BIN)/python -m pip install --quiet $(TORCH_CPU); \
+	fi
+	$(BIN)/python -m pip install --quiet -e '.[grader,dev]'
+	$(BIN)/python -m course doctor
+	touch $@
+
+lab: setup
+	$(BIN)/jupyter lab --notebook-dir=. --port=$(PORT) exercises/01_kv_cache_sizing.ipynb
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+# Regenerate the learner notebooks in exercises/ from solutions/ with nbgrader.
+exercises: setup
+	$(BIN)/python -m autograder release
+
+doctor: setup
+	$(BIN)/python -m course doctor
+
+wheel: setup
+	$(BIN)/python -m pip wheel --no-deps --wheel-dir dist .
+
+clean:
+	rm -rf $(VENV) dist build *.egg-info .pytest_cache .ruff_cache

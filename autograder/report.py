@@ -1,0 +1,72 @@
+"""Grading results: what the CLI prints, and what ``--json`` writes."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import asdict, dataclass
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class TestResult:
+    id: str
+    points: float
+    max_points: float
+    passed: bool
+    message: str  # the failing check's hint; empty when passed
+
+
+@dataclass
+class NotebookResult:
+    notebook: str
+    chapter: str
+    runtime: str  # what executed the notebook: a GPU's name, or the Triton CPU interpreter
+    tests: list[TestResult]
+
+    @property
+    def score(self) -> float:
+        return sum(t.points for t in self.tests)
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.max_points for t in self.tests)
+
+    def to_json(self) -> dict:
+        return {"notebook": self.notebook, "chapter": self.chapter, "runtime": self.runtime,
+                "score": self.score, "max_score": self.max_score,
+                "tests": [asdict(t) for t in self.tests]}
+
+
+def failure_message(outputs: list | None) -> str:
+    """The hint a failed test cell left in its outputs, in one paragraph."""
+    if outputs is None:
+        return "this test cell is missing from the notebook"
+    for output in outputs:
+        if output.get("output_type") == "error":
+            if output.get("ename") == "AssertionError" and output.get("evalue"):
+                return _ANSI.sub("", output["evalue"])
+            if output.get("ename") == "CellTimeoutError":
+                return "the cell ran past its time limit (look for an endless loop)"
+            return _ANSI.sub("", f"{output.get('ename')}: {output.get('evalue')}".strip())
+    for output in outputs:
+        if output.get("output_type") == "stream" and output.get("name") == "stderr":
+            first = next((line for line in output.get("text", "").splitlines() if line), "")
+            return f"the cell wrote to stderr, which nbgrader scores as a failure: {first}"
+    return "the cell did not pass (no error message was recorded)"
+
+
+def format_report(result: NotebookResult) -> str:
+    """A per-test table with the hint under each failing test."""
+    width = max([len(t.id) for t in result.tests] + [4])
+    lines = [f"{result.notebook}: chapter {result.chapter}, graded on {result.runtime}",
+             f"  {'test':<{width}}  {'points':>9}  result"]
+    for test in result.tests:
+        points = f"{test.points:g} / {test.max_points:g}"
+        lines.append(f"  {test.id:<{width}}  {points:>9}  {'pass' if test.passed else 'FAIL'}")
+        if test.message:
+            lines += textwrap.wrap(test.message, width=96, initial_indent="      hint: ",
+                                   subsequent_indent="            ")
+    lines.append(f"  score: {result.score:g} / {result.max_score:g}")
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""``python -m course doctor``: is this environment ready for the course, and if not, why."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_INSTALL = "pip install -e '.[dev]' (or run `make setup` in the course folder)"
+
+
+@dataclass
+class Finding:
+    name: str
+    detail: str
+    ok: bool
+    fix: str = ""
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _package(
+    name: str, dist: str, minimum: tuple[int, ...], probe: Callable[[], None] | None = None
+) -> Finding:
+    version = _version(dist)
+    if version is None:
+        return Finding(name, "not installed", False, _INSTALL)
+    if _as_tuple(version) < minimum:
+        wanted = ".".join(map(str, minimum))
+        return Finding(name, f"{version} (the course needs {wanted} or newer)", False,
+                       f"pip install -U '{dist}>={wanted}'")
+    try:
+        importlib.import_module(dist)
+        if probe:
+            probe()
+    except Exception as exc:  # report, don't crash: this is a diagnostic
+        return Finding(name, f"{version}, but it fails: {type(exc).__name__}: {exc}", False,
+                       f"pip install --force-reinstall '{dist}'")
+    return Finding(name, version, True)
+
+
+def _as_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def _triton_interpreter_runs() -> None:
+    """Run a three-element vector add under the interpreter, in a fresh process."""
+    script = (
+        "import torch, triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def add(x, y, out, n, BLOCK: tl.constexpr):\n"
+        "    i = tl.arange(0, BLOCK)\n"
+        "    m = i < n\n"
+        "    tl.store(out + i, tl.load(x + i, mask=m) + tl.load(y + i, mask=m), mask=m)\n"
+        "x = torch.arange(3.0); out = torch.empty(3)\n"
+        "add[(1,)](x, x, out, 3, BLOCK=4)\n"
+        "assert out.tolist() == [0.0, 2.0, 4.0], out\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr else "no output")
+
+
+def _mode() -> Finding:
+    try:
+        from course.runtime import detect
+
+        runtime = detect()
+    except Exception as exc:
+        return Finding("mode", f"unknown: {type(exc).__name__}: {exc}", False,
+                       "install torch first (see torch above)")
+    return Finding("mode", runtime.description, True)
+
+
+def diagnose() -> list[Finding]:
+    """Every finding, in the order doctor prints them."""
+    findings = [Finding("python", platform.python_version(), sys.version_info >= (3, 10),
+                        "use Python 3.10 or newer")]
+    findings.append(_package("torch", "torch", (2, 3)))
+    if sys.platform == "linux":
+        findings.append(_package("triton", "triton", (3, 0), _triton_interpreter_runs))
+    else:
+        findings.append(Finding("triton", f"not available on {sys.platform}", False,
+                                "Triton ships for Linux only: use Linux, WSL2 or Colab"))
+    findings += [
+        _package("numpy", "numpy", (1, 26)),
+        _package("nbgrader", "nbgrader", (0, 9, 5)),
+        _package("jupyterlab", "jupyterlab", (4, 2)),
+        _package("ipywidgets", "ipywidgets", (8, 1)),
+        _package("plotly", "plotly", (5, 20)),
+        _mode(),
+    ]
+    return findings
+
+
+def main() -> int:
+    findings = diagnose()
+    width = max(len(f.name) for f in findings)
+    for f in findings:
+        print(f"{'ok ' if f.ok else 'BAD'}  {f.name:<{width}}  {f.detail}")
+        if not f.ok:
+            print(f"     {'':<{width}}  fix: {f.fix}")
+    problems = sum(not f.ok for f in findings)
+    print("ready for the course" if not problems else f"{problems} problem(s) found")
+    return 1 if problems else 0

@@ -1,0 +1,99 @@
+"""Chapter 1's reference solutions: how many bytes the KV cache needs, and what fits on a GPU.
+
+These functions are the solution cells of ``solutions/01_kv_cache_sizing.ipynb``, character
+for character (``tests/test_single_source.py`` proves it), so later chapters can import them.
+
+A KV cache stores, for every token, layer and KV head, one key and one value vector::
+
+    bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes_per_element
+
+A paged cache hands this memory out in blocks of ``block_size`` tokens across all layers.
+"""
+
+from __future__ import annotations
+
+from course.models import ModelConfig
+
+
+def kv_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_element: float
+) -> float:
+    """Bytes of KV cache one token occupies across all layers (MHA, GQA or MQA).
+
+    Each layer stores a key and a value vector of ``head_dim`` elements for each KV head.
+    """
+    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
+
+
+def mla_kv_bytes_per_token(
+    num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, bytes_per_element: float
+) -> float:
+    """Bytes of cache one token occupies in a multi-head latent attention (MLA) model.
+
+    Each layer stores one compressed latent vector (``kv_lora_rank`` elements) and one
+    decoupled RoPE key (``qk_rope_head_dim`` elements), shared by all heads: no factor 2,
+    no head count.
+    """
+    return num_layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_element
+
+
+def kv_bytes_per_sequence(
+    config: ModelConfig, num_tokens: int, bytes_per_element: float = 2
+) -> float:
+    """Bytes of KV cache a sequence of ``num_tokens`` tokens occupies in model ``config``.
+
+    Uses the latent cache when ``config.kv_lora_rank`` is set, the per-KV-head cache otherwise.
+    """
+    if config.kv_lora_rank is not None:
+        per_token = mla_kv_bytes_per_token(
+            config.num_layers, config.kv_lora_rank, config.qk_rope_head_dim, bytes_per_element
+        )
+    else:
+        per_token = kv_bytes_per_token(
+            config.num_layers, config.num_kv_heads, config.head_dim, bytes_per_element
+        )
+    return per_token * num_tokens
+
+
+def num_gpu_blocks(
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    weight_bytes: int,
+    activation_peak_bytes: int,
+    bytes_per_block: int,
+) -> int:
+    """How many KV blocks fit on the GPU, the way vLLM sizes its pool.
+
+    The engine may use ``gpu_memory_bytes x gpu_memory_utilization``; the weights and the
+    activation peak of a forward pass come off first, and what is left is cut into whole
+    blocks of ``bytes_per_block`` (one block's K and V across all layers). Never negative.
+    """
+    budget = gpu_memory_bytes * gpu_memory_utilization - weight_bytes - activation_peak_bytes
+    return max(0, int(budget // bytes_per_block))
+
+
+def requests_fit_contiguous(lengths: list[int], capacity_tokens: int, max_model_len: int) -> int:
+    """How many of ``lengths`` can be resident at once when each reserves ``max_model_len``.
+
+    A contiguous cache cannot know how long a request will grow, so each one reserves room for
+    the longest sequence allowed, whatever its real length.
+    """
+    return min(len(lengths), capacity_tokens // max_model_len)
+
+
+def requests_fit_paged(lengths: list[int], capacity_tokens: int, block_size: int) -> int:
+    """How many of ``lengths`` are admitted, first come first served, when paged in blocks.
+
+    The pool holds ``capacity_tokens // block_size`` blocks; a request of n tokens takes
+    ceil(n / block_size) of them. Requests are admitted in order until the first one that does
+    not fit (no later request overtakes it).
+    """
+    free_blocks = capacity_tokens // block_size
+    admitted = 0
+    for length in lengths:
+        needed = -(-length // block_size)
+        if needed > free_blocks:
+            break
+        free_blocks -= needed
+        admitted += 1
+    return admitted

@@ -1,0 +1,60 @@
+"""Where the course's kernels run: a CUDA GPU, or Triton's interpreter on the CPU.
+
+``setup()`` is the first code cell of every notebook. Without a GPU it sets
+``TRITON_INTERPRET=1``, which ``@triton.jit`` reads when a kernel is *defined*, so it must run
+before any kernel module is imported; it says so if that already happened.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class Runtime:
+    """What executes the course's Triton kernels."""
+
+    mode: str  # "gpu" or "interpreter"
+    device: str  # "cuda" or "cpu": where the notebooks put their tensors
+    label: str  # a few words, for grading reports: the GPU's name, or the interpreter
+    description: str  # one line, for notebooks
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.mode == "gpu"
+
+
+def detect() -> Runtime:
+    """Look for a CUDA GPU; change nothing."""
+    import torch
+
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        name = torch.cuda.get_device_name(0)
+        return Runtime("gpu", "cuda", f"{name} (CUDA)", f"GPU mode: Triton kernels compile for {name}")
+    return Runtime(
+        "interpreter",
+        "cpu",
+        "Triton CPU interpreter (no CUDA GPU)",
+        "Triton CPU interpreter mode (no CUDA GPU): kernels run on CPU tensors, correctly but "
+        "far slower than on a GPU, so the notebooks use small shapes and skip timings",
+    )
+
+
+def setup(quiet: bool = False) -> Runtime:
+    """Choose GPU or interpreter mode for this kernel and print one line saying which."""
+    runtime = detect()
+    if not runtime.is_gpu:
+        os.environ["TRITON_INTERPRET"] = "1"
+        early = sorted(name for name, module in list(sys.modules.items())
+                       if name.split(".")[0] == "kernels" and _defines_kernels(module))
+        if early:
+            print(f"Note: {', '.join(early)} was imported before course.setup(); restart the "
+                  "kernel and run this cell first so its kernels use the interpreter.")
+    if not quiet:
+        print(runtime.description + ".")
+    return runtime
+
+
+def _defines_kernels(module: object) -> bool:
+    return any(type(v).__name__ == "JITFunction" for v in vars(module).values())
