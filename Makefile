@@ -28,8 +28,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m course doctor
 	touch $@
 
+# JupyterLab refuses to run as root unless told to (containers, cloud VMs).
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=. --port=$(PORT) exercises/01_kv_cache_sizing.ipynb
+	$(BIN)/jupyter lab --notebook-dir=. --port=$(PORT) \
+	    $(if $(filter 0,$(shell id -u)),--allow-root) exercises/01_kv_cache_sizing.ipynb
 
 test: setup
 	$(BIN)/ruff check .

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True, repr=False)
 class ModelConfig:
     """The attention shape of a decoder-only transformer.
@@ -65,7 +66,8 @@ MODELS: dict[str, ModelConfig] = {
         ModelConfig("Llama-2-7B", 32, 32, 32, 128, 6.74e9,
                     _hf("meta-llama/Llama-2-7b-hf") + "; parameters: Touvron et al. 2023, Llama 2"),
         ModelConfig("Llama-2-70B", 80, 64, 8, 128, 68.98e9,
-                    _hf("meta-llama/Llama-2-70b-hf") + "; parameters: Touvron et al. 2023, Llama 2"),
+                    _hf("meta-llama/Llama-2-70b-hf")
+                    + "; parameters: Touvron et al. 2023, Llama 2"),
         ModelConfig("Llama-3-8B", 32, 32, 8, 128, 8.03e9,
                     _hf("meta-llama/Meta-Llama-3-8B") + "; parameters: its model card"),
         ModelConfig("Mistral-7B", 32, 32, 8, 128, 7.24e9,

@@ -11,6 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class Runtime:
     """What executes the course's Triton kernels."""
@@ -31,7 +32,8 @@ def detect() -> Runtime:
 
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         name = torch.cuda.get_device_name(0)
-        return Runtime("gpu", "cuda", f"{name} (CUDA)", f"GPU mode: Triton kernels compile for {name}")
+        return Runtime("gpu", "cuda", f"{name} (CUDA)",
+                       f"GPU mode: Triton kernels compile for {name}")
     return Runtime(
         "interpreter",
         "cpu",

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 Diagnosis = tuple[Callable[..., Any], str]
-"""A known wrong formula and the idea a learner who computes it has missed."""
+"""A known wrong formula (returning None where it does not apply) and what it misses."""
 
 
 def describe_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> str:
@@ -50,15 +50,20 @@ def expect_equal(
     if _same(got, expected, rel_tol):
         return
     message = f"{describe_call(fn, kwargs)} returned {_short(got)}, expected {_short(expected)}. "
-    for wrong, explanation in diagnoses:
-        try:
-            matches = _same(got, wrong(**kwargs), rel_tol)
-        except Exception:  # a wrong formula may not apply to this input (say, 1 // 0)
-            matches = False
-        if matches:
-            message += explanation + " "
-            break
+    likely = [text for wrong, text in diagnoses if _matches(got, wrong, kwargs, rel_tol)]
+    if len(likely) == 1:
+        message += likely[0] + " "
+    elif likely:  # several known mistakes give this value on this input: name them all
+        message += "Perhaps: " + " Or: ".join(likely) + " "
     raise AssertionError(message + idea)
+
+
+def _matches(got: Any, wrong: Callable[..., Any], kwargs: dict[str, Any], rel_tol: float) -> bool:
+    try:
+        value = wrong(**kwargs)
+    except Exception:  # a wrong formula may not apply to this input (say, 1 // 0)
+        return False
+    return value is not None and _same(got, value, rel_tol)
 
 
 def _same(got: Any, expected: Any, rel_tol: float) -> bool:

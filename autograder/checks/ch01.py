@@ -37,6 +37,9 @@ _KV_TOKEN_MISTAKES = [
     (lambda num_layers, num_kv_heads, head_dim, bytes_per_element:
         16 * num_layers * num_kv_heads * head_dim * bytes_per_element,
      "That is in bits: bytes_per_element is already a number of bytes."),
+    (lambda num_layers, num_kv_heads, head_dim, bytes_per_element:
+        4 * num_layers * num_kv_heads * head_dim if bytes_per_element != 2 else None,
+     "That is the fp16 size: use the bytes_per_element you were given."),
 ]
 
 
@@ -125,12 +128,12 @@ _SEQ_IDEA = (
 _SEQ_MISTAKES = [
     (lambda config, num_tokens, bytes_per_element=2:
         2 * config.num_layers * config.num_attention_heads * config.head_dim
-        * bytes_per_element * num_tokens,
+        * bytes_per_element * num_tokens if config.kv_lora_rank is None else None,
      "You counted query heads (num_attention_heads): in GQA and MQA several query heads share "
      "one KV head, and the cache stores only the KV heads."),
     (lambda config, num_tokens, bytes_per_element=2:
         2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_element
-        * num_tokens,
+        * num_tokens if config.kv_lora_rank is not None else None,
      "This model uses MLA (kv_lora_rank is set): it caches the compressed latent, not per-head "
      "keys and values."),
     (lambda config, num_tokens, bytes_per_element=2:
@@ -157,9 +160,9 @@ def _check_sequence(fn: Callable, cases: list[tuple[ModelConfig, int, float]]) -
 
 
 def check_kv_bytes_per_sequence(fn: Callable) -> None:
-    """Llama-2-7B (MHA), Llama-3-8B (GQA) and DeepSeek-V2 (MLA) at readable lengths."""
+    """Llama-2-7B (MHA), Llama-3-8B (GQA, fp16 and fp8) and DeepSeek-V2 (MLA)."""
     _check_sequence(fn, [(MODELS["Llama-2-7B"], 1, 2), (MODELS["Llama-3-8B"], 1000, 2),
-                         (MODELS["DeepSeek-V2"], 10, 2)])
+                         (MODELS["Llama-3-8B"], 1000, 1), (MODELS["DeepSeek-V2"], 10, 2)])
 
 
 def _random_config(rng: random.Random, index: int) -> ModelConfig:
@@ -234,8 +237,10 @@ def _check_blocks(fn: Callable, cases: list[tuple[int, str, int, int, int]]) -> 
 
 def check_num_gpu_blocks(fn: Callable) -> None:
     """An 80 GiB GPU at 0.9 with 14 GiB of weights and a 2 GiB activation peak, 8 MiB blocks
-    (56 GiB left: 7168 blocks); and a 16 GiB GPU that the same weights leave no room on."""
+    (56 GiB left: 7168 blocks); Llama-3-8B's 16.06 GB of weights and 2 MiB blocks on the same
+    GPU (28,182 whole blocks and a bit); and a 16 GiB GPU that leaves no room at all."""
     _check_blocks(fn, [(80 * GiB, "0.9", 14 * GiB, 2 * GiB, 8 * MiB),
+                       (80 * GiB, "0.9", 16_060_000_000, 2 * GiB, 2 * MiB),
                        (16 * GiB, "0.9", 14 * GiB, 1 * GiB, 8 * MiB)])
 
 
@@ -285,9 +290,10 @@ def _check_contiguous(fn: Callable, cases: list[tuple[list[int], int, int]]) -> 
 
 
 def check_requests_fit_contiguous(fn: Callable) -> None:
-    """Four requests in 8192 slots at max_model_len 2048; ten 10-token requests in 4096."""
+    """Four requests in 8192 and in 6000 slots at max_model_len 2048; ten 10-token requests
+    in 4096; two requests with room for four."""
     _check_contiguous(fn, [([100, 300, 2000, 50], 8192, 2048), ([100, 300, 2000, 50], 6000, 2048),
-                           ([10] * 10, 4096, 2048)])
+                           ([10] * 10, 4096, 2048), ([100, 300], 8192, 2048)])
 
 
 def check_requests_fit_contiguous_thoroughly(fn: Callable) -> None:
@@ -331,6 +337,11 @@ _PAGED_MISTAKES = [
     (lambda lengths, capacity_tokens, block_size: _paged_oracle(lengths, capacity_tokens, 1),
      "You counted tokens, not blocks: a request takes whole blocks, so a 17-token request "
      "needs 2 blocks of 16, and its last block's empty slots are still taken."),
+    (lambda lengths, capacity_tokens, block_size:
+        _paged_oracle([n // block_size * block_size for n in lengths], capacity_tokens,
+                      block_size),
+     "You rounded down: a request of n tokens needs ceil(n / block_size) blocks, and its "
+     "partly filled last block counts."),
     (lambda lengths, capacity_tokens, block_size: _overtaking(lengths, capacity_tokens,
                                                               block_size),
      "A later, smaller request overtook one that did not fit: first come, first served stops "

@@ -1,0 +1,1 @@
+"""Second, differently written correct solutions: every check must give them full marks."""

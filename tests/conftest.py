@@ -1,0 +1,20 @@
+"""Shared fixtures: the repository's paths, and chapter lists for parametrized tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: alternatives, mutants
+
+from autograder.chapters import chapters  # noqa: E402
+
+CHAPTERS = list(chapters().values())
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO

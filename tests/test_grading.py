@@ -1,0 +1,190 @@
+"""The grading CLI end to end: real nbgrader, real kernels, learner notebooks right and wrong."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from alternatives import ch01 as alternative
+from mutants import ch01 as mutants
+from notebook_variants import fill, from_module, source_named
+
+from course import kv_sizing
+
+pytestmark = pytest.mark.pipeline
+
+CHAPTER = "01_kv_cache_sizing"
+FUNCTIONS = list(mutants.MUTANTS)
+FULL_MARKS = 18.0
+
+
+def grade(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=1200)
+
+
+def _stderr_writer(lengths, capacity_tokens, block_size):
+    print("debugging output", file=sys.stderr)
+    return kv_sizing.requests_fit_paged(lengths, capacity_tokens, block_size)
+
+
+def _warner(num_layers, num_kv_heads, head_dim, bytes_per_element):
+    warnings.warn("a library warning", UserWarning, stacklevel=1)
+    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
+
+
+@pytest.fixture(scope="module")
+def batch(repo, tmp_path_factory):
+    """One `grade` call over a batch of learners' notebooks, as an instructor would run it."""
+    folder = tmp_path_factory.mktemp("batch")
+    exercise = repo / "exercises" / f"{CHAPTER}.ipynb"
+    reference = from_module(kv_sizing, FUNCTIONS)
+    mixed = dict(reference,
+                 kv_bytes_per_sequence=source_named(mutants._query_heads, "kv_bytes_per_sequence"),
+                 requests_fit_paged=source_named(_stderr_writer, "requests_fit_paged"))
+    warned = dict(reference, kv_bytes_per_token=source_named(_warner, "kv_bytes_per_token"))
+    corrupt = folder / f"{CHAPTER}-corrupt.ipynb"
+    corrupt.write_text('{"cells": [', encoding="utf-8")
+    notebooks = {
+        "solution": repo / "solutions" / f"{CHAPTER}.ipynb",
+        "exercise": exercise,
+        "alternative": fill(exercise, folder / "alternative" / f"{CHAPTER}.ipynb",
+                            from_module(alternative, FUNCTIONS)),
+        "corrupt": corrupt,
+        "mixed": fill(exercise, folder / "mixed" / f"{CHAPTER}.ipynb", mixed),
+        "warned": fill(exercise, folder / "warned" / f"{CHAPTER}.ipynb", warned),
+    }
+    report = folder / "report.json"
+    done = grade("grade", *notebooks.values(), "--json", report)
+    results = json.loads(report.read_text()) if report.exists() else []
+    by_notebook = {r["notebook"]: r for r in results}
+    graded = {name: by_notebook.get(str(path)) for name, path in notebooks.items()}
+    return done, graded
+
+
+def _scores(result: dict) -> dict[str, float]:
+    return {t["id"]: t["points"] for t in result["tests"]}
+
+
+def test_a_damaged_notebook_is_reported_and_the_rest_are_graded(batch):
+    done, graded = batch
+    assert done.returncode == 1
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 1 and "corrupt notebook, not valid JSON" in errors[0]
+    assert graded["corrupt"] is None
+    assert all(graded[name] for name in ["solution", "exercise", "alternative", "mixed"])
+
+
+def test_the_solutions_get_full_marks(batch):
+    _, graded = batch
+    result = graded["solution"]
+    assert (result["score"], result["max_score"]) == (FULL_MARKS, FULL_MARKS)
+    assert all(t["passed"] and t["message"] == "" for t in result["tests"])
+    assert result["chapter"] == CHAPTER
+    assert "interpreter" in result["runtime"] or "CUDA" in result["runtime"]
+    assert set(result) == {"notebook", "chapter", "runtime", "score", "max_score", "tests"}
+    assert set(result["tests"][0]) == {"id", "points", "max_points", "passed", "message"}
+
+
+def test_the_released_exercise_gets_zero_and_says_what_to_write(batch):
+    _, graded = batch
+    result = graded["exercise"]
+    assert (result["score"], result["max_score"]) == (0.0, FULL_MARKS)
+    assert len(result["tests"]) == 2 * len(FUNCTIONS)  # a visible and a hidden cell per TODO
+    assert all("is not written yet" in t["message"] for t in result["tests"])
+
+
+def test_a_differently_written_correct_solution_gets_full_marks(batch):
+    _, graded = batch
+    assert graded["alternative"]["score"] == FULL_MARKS
+
+
+def test_wrong_answers_lose_exactly_their_tests_with_their_hints(batch):
+    _, graded = batch
+    result = graded["mixed"]
+    lost = {t["id"]: t["message"] for t in result["tests"] if not t["passed"]}
+    assert set(lost) == {"test_kv_bytes_per_sequence", "test_kv_bytes_per_sequence_hidden",
+                         "test_requests_fit_paged", "test_requests_fit_paged_hidden"}
+    assert "You counted query heads" in lost["test_kv_bytes_per_sequence"]
+    assert "wrote to stderr" in lost["test_requests_fit_paged"]
+    assert result["score"] == FULL_MARKS - 6
+
+
+def test_a_library_warning_on_stderr_does_not_zero_a_test(batch):
+    _, graded = batch
+    assert graded["warned"]["score"] == FULL_MARKS
+
+
+def test_the_printed_report_has_a_line_per_test_and_the_runtime(batch):
+    done, graded = batch
+    assert "graded on " in done.stdout
+    for test in graded["mixed"]["tests"]:
+        assert test["id"] in done.stdout
+    assert "score: 12 / 18" in done.stdout
+    assert "hint: kv_bytes_per_sequence(config=<Llama-3-8B" in done.stdout
+
+
+@pytest.mark.parametrize(("name", "content", "expected"), [
+    ("missing.ipynb", None, "no such file"),
+    ("01_kv_cache_sizing.ipynb", '{"cells": [', "corrupt notebook, not valid JSON"),
+    ("01_kv_cache_sizing.ipynb", "", "the file is empty"),
+    ("01_kv_cache_sizing.txt", "{}", "not a notebook"),
+    ("99_not_a_chapter.ipynb", json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                           "nbformat_minor": 5}), "unknown chapter"),
+], ids=["missing", "corrupt-json", "empty", "wrong-extension", "unknown-chapter"])
+def test_a_file_that_cannot_be_graded_gets_one_clear_line(tmp_path, name, content, expected):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    done = grade("grade", path, "--json", tmp_path / "r.json")
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}") and expected in lines[0]
+
+
+def test_a_hanging_cell_times_out_and_the_other_cells_still_count(repo, tmp_path):
+    exercise = repo / "exercises" / f"{CHAPTER}.ipynb"
+    solutions = from_module(kv_sizing, FUNCTIONS)
+    solutions["num_gpu_blocks"] = "while True:\n    pass\n"
+    notebook = fill(exercise, tmp_path / f"{CHAPTER}.ipynb", solutions)
+    done = grade("grade", notebook, "--cell-timeout", "5", "--json", tmp_path / "r.json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    failed = {t["id"] for t in result["tests"] if not t["passed"]}
+    assert failed == {"test_num_gpu_blocks", "test_num_gpu_blocks_hidden"}
+    assert result["score"] == FULL_MARKS - 3
+
+
+def test_grade_all_fills_a_gradebook_and_exports_csv(repo, tmp_path):
+    class_dir = tmp_path / "class"
+    (class_dir / "ada").mkdir(parents=True)
+    (class_dir / "bo").mkdir()
+    (class_dir / "ada" / f"{CHAPTER}.ipynb").write_bytes(
+        (repo / "solutions" / f"{CHAPTER}.ipynb").read_bytes())
+    (class_dir / "bo" / f"{CHAPTER}.ipynb").write_bytes(
+        (repo / "exercises" / f"{CHAPTER}.ipynb").read_bytes())
+    database = tmp_path / "class.db"
+    done = grade("grade-all", class_dir, "--db", f"sqlite:///{database}", "--csv", "scores.csv",
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert database.exists()
+    with open(tmp_path / "scores.csv", newline="") as handle:
+        rows = {row["student_id"]: row for row in csv.DictReader(handle)}
+    assert float(rows["ada"]["score"]) == FULL_MARKS
+    assert float(rows["bo"]["score"]) == 0.0
+    assert all(float(row["max_score"]) == FULL_MARKS for row in rows.values())
+    assert "2 notebook(s) graded" in done.stdout
+
+
+def test_grading_twice_gives_the_same_score(batch, repo, tmp_path):
+    _, graded = batch
+    again = tmp_path / "again.json"
+    notebook = Path(graded["mixed"]["notebook"])
+    done = grade("grade", notebook, "--json", again)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(again.read_text())["tests"] == graded["mixed"]["tests"]

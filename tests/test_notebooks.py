@@ -1,0 +1,72 @@
+"""The notebooks themselves: committed clean, exercises in sync, and every cell runs."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from conftest import CHAPTERS, REPO
+from nbclient import NotebookClient
+
+from autograder.chapters import EXERCISES
+from autograder.pipeline import GradingCourse
+from autograder.release import render_exercise
+
+NOTEBOOKS = [c.source for c in CHAPTERS] + [EXERCISES / c.source.name for c in CHAPTERS]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_without_outputs(path):
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    dirty = [i for i, c in enumerate(notebook.cells)
+             if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
+    assert not dirty, f"cells {dirty} of {path.name} carry outputs: clear them before committing"
+
+
+@pytest.mark.pipeline
+def test_exercises_are_generated_from_the_current_solutions(tmp_path):
+    course = GradingCourse(tmp_path)
+    for chapter in CHAPTERS:
+        committed = (EXERCISES / f"{chapter.name}.ipynb").read_text(encoding="utf-8")
+        assert render_exercise(course, chapter) == committed, (
+            f"exercises/{chapter.name}.ipynb is stale: run `make exercises` and commit it")
+
+
+def _run(path, tmp_path) -> nbformat.NotebookNode:
+    """Execute ``path`` as a learner would (not under nbgrader, so charts draw)."""
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    return notebook
+
+
+def _errors(notebook) -> dict[str, str]:
+    found = {}
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            if output.output_type == "error":
+                name = cell.metadata.get("nbgrader", {}).get("grade_id", f"cell {index}")
+                found[name] = f"{output.ename}: {output.evalue}"
+    return found
+
+
+@pytest.mark.pipeline
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_solution_runs_top_to_bottom_with_its_charts(chapter, tmp_path):
+    notebook = _run(chapter.source, tmp_path)
+    assert _errors(notebook) == {}
+    charts = [o for c in notebook.cells for o in c.get("outputs", [])
+              if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert charts, "the chart cells drew nothing"
+
+
+@pytest.mark.pipeline
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_unfilled_exercise_fails_only_in_its_test_cells(chapter, tmp_path):
+    notebook = _run(REPO / "exercises" / chapter.source.name, tmp_path)
+    errors = _errors(notebook)
+    assert errors, "an unfilled exercise should fail its tests"
+    assert all(name.startswith("test_") for name in errors), errors
+    notes = [o.get("text", "") for c in notebook.cells for o in c.get("outputs", [])
+             if o.get("name") == "stdout"]
+    assert any("uses the course's reference version" in text for text in notes)

@@ -1,0 +1,79 @@
+"""course.setup() and `python -m course doctor`, each in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from course.runtime import detect
+
+NO_GPU = detect().mode == "interpreter"
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | env
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environment, timeout=300)
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a CUDA GPU: interpreter mode not chosen")
+def test_setup_without_a_gpu_switches_on_the_interpreter_and_says_so_in_one_line():
+    done = _python("import os, course; course.setup(); print(os.environ['TRITON_INTERPRET'])")
+    assert done.returncode == 0, done.stderr
+    said, value = done.stdout.strip().splitlines()
+    assert "Triton CPU interpreter mode" in said
+    assert value == "1"
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a CUDA GPU: interpreter mode not chosen")
+def test_a_kernel_defined_after_setup_runs_on_cpu_tensors():
+    done = _python(
+        "import course; course.setup(quiet=True)\n"
+        "import torch, triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def double(x, n, BLOCK: tl.constexpr):\n"
+        "    i = tl.arange(0, BLOCK)\n"
+        "    tl.store(x + i, tl.load(x + i, mask=i < n) * 2, mask=i < n)\n"
+        "x = torch.arange(5.0)\n"
+        "double[(1,)](x, 5, BLOCK=8)\n"
+        "print(x.tolist())\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0.0, 2.0, 4.0, 6.0, 8.0]"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_GPU, reason="needs a CUDA GPU")
+def test_setup_with_a_gpu_names_it():
+    done = _python("import course; course.setup()")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("GPU mode: Triton kernels compile for ")
+
+
+def test_doctor_reports_every_component_and_the_mode():
+    done = subprocess.run([sys.executable, "-m", "course", "doctor"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    for name in ["python", "torch", "triton", "numpy", "nbgrader", "jupyterlab", "ipywidgets",
+                 "plotly", "mode"]:
+        assert any(line.split()[:2] == ["ok", name] for line in lines), (name, done.stdout)
+    assert lines[-1] == "ready for the course"
+
+
+def test_doctor_names_a_fix_for_a_missing_package(monkeypatch, capsys):
+    from course import doctor
+
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version", lambda d: None if d == "plotly" else real(d))
+    monkeypatch.setattr(doctor, "_triton_interpreter_runs", lambda: None)
+    assert doctor.main() == 1
+    out = capsys.readouterr().out
+    assert "BAD  plotly" in out and "fix: pip install" in out and "1 problem(s) found" in out
+
+
+def test_course_module_without_a_command_prints_usage():
+    done = subprocess.run([sys.executable, "-m", "course"], capture_output=True, text=True)
+    assert done.returncode == 2 and "usage: python -m course doctor" in done.stderr
