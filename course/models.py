@@ -61,17 +61,16 @@ def _hf(repo: str) -> str:
 MODELS: dict[str, ModelConfig] = {
     m.name: m
     for m in [
-        ModelConfig("OPT-13B", 40, 40, 40, 128, 12.85e9,
+        ModelConfig("OPT-13B", 40, 40, 40, 128, 13e9,
                     _hf("facebook/opt-13b") + "; parameters: Zhang et al. 2022, OPT, Table 1"),
         ModelConfig("Llama-2-7B", 32, 32, 32, 128, 6.74e9,
-                    _hf("meta-llama/Llama-2-7b-hf") + "; parameters: Touvron et al. 2023, Llama 2"),
+                    _hf("meta-llama/Llama-2-7b-hf") + "; parameters: its Hugging Face page"),
         ModelConfig("Llama-2-70B", 80, 64, 8, 128, 68.98e9,
-                    _hf("meta-llama/Llama-2-70b-hf")
-                    + "; parameters: Touvron et al. 2023, Llama 2"),
+                    _hf("meta-llama/Llama-2-70b-hf") + "; parameters: its Hugging Face page"),
         ModelConfig("Llama-3-8B", 32, 32, 8, 128, 8.03e9,
-                    _hf("meta-llama/Meta-Llama-3-8B") + "; parameters: its model card"),
+                    _hf("meta-llama/Meta-Llama-3-8B") + "; parameters: its Hugging Face page"),
         ModelConfig("Mistral-7B", 32, 32, 8, 128, 7.24e9,
-                    _hf("mistralai/Mistral-7B-v0.1") + "; parameters: its model card"),
+                    _hf("mistralai/Mistral-7B-v0.1") + "; parameters: its Hugging Face page"),
         ModelConfig("Qwen2.5-7B", 28, 28, 4, 128, 7.61e9,
                     _hf("Qwen/Qwen2.5-7B") + "; parameters: Qwen2.5 technical report, Table 1"),
         ModelConfig("Falcon-7B", 32, 71, 1, 64, 7.22e9,

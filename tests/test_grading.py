@@ -188,3 +188,17 @@ def test_grading_twice_gives_the_same_score(batch, repo, tmp_path):
     done = grade("grade", notebook, "--json", again)
     assert done.returncode == 0, done.stderr
     assert json.loads(again.read_text())["tests"] == graded["mixed"]["tests"]
+
+
+def test_a_notebook_past_its_time_limit_scores_zero_and_the_next_is_still_graded(repo, tmp_path):
+    exercise = repo / "exercises" / f"{CHAPTER}.ipynb"
+    solutions = from_module(kv_sizing, FUNCTIONS)
+    solutions["kv_bytes_per_token"] = "import time\nwhile True:\n    time.sleep(1)\n"
+    slow = fill(exercise, tmp_path / "slow" / f"{CHAPTER}.ipynb", solutions)
+    done = grade("grade", slow, repo / "solutions" / f"{CHAPTER}.ipynb", "--cell-timeout", "600",
+                 "--notebook-timeout", "20", "--json", tmp_path / "r.json")
+    assert done.returncode == 0, done.stderr
+    slow_result, solution_result = json.loads((tmp_path / "r.json").read_text())
+    assert slow_result["score"] == 0
+    assert all("ran past its 20 s limit" in t["message"] for t in slow_result["tests"])
+    assert solution_result["score"] == FULL_MARKS
