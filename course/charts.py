@@ -29,9 +29,14 @@ def kv_memory_chart(
             name=f"{model.name} ({model.attention})",
             hovertemplate="%{x} tokens: %{y:.2f} GB<extra>" + model.name + "</extra>",
         ))
+    span = [min(context_lengths), max(context_lengths)]
     for gpu in gpus:
-        figure.add_hline(y=gpu.memory_gb, line_dash="dot", line_color="grey",
-                         annotation_text=gpu.name, annotation_position="top left")
+        # a trace, not add_hline: on a log axis add_hline places its label at 10**y
+        figure.add_trace(go.Scatter(
+            x=span, y=[gpu.memory_gb] * 2, mode="lines+text", text=[gpu.name, ""],
+            textposition="top right", line=dict(dash="dot", color="grey", width=1),
+            showlegend=False, hoverinfo="skip", textfont=dict(color="grey"),
+        ))
     figure.update_layout(
         title="KV cache of one sequence vs context length "
               f"({8 * bytes_per_element:g}-bit KV; dotted: a whole GPU's memory)",
