@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import nbformat
 import pytest
 from alternatives import ch01 as alternative
 from mutants import ch01 as mutants
@@ -48,6 +49,12 @@ def batch(repo, tmp_path_factory):
                  kv_bytes_per_sequence=source_named(mutants._query_heads, "kv_bytes_per_sequence"),
                  requests_fit_paged=source_named(_stderr_writer, "requests_fit_paged"))
     warned = dict(reference, kv_bytes_per_token=source_named(_warner, "kv_bytes_per_token"))
+    tampered = nbformat.read(exercise, as_version=4)
+    for cell in tampered.cells:  # a learner "passes" every test by emptying the test cells
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            cell.source = "pass"
+    (folder / "tampered").mkdir()
+    nbformat.write(tampered, folder / "tampered" / f"{CHAPTER}.ipynb")
     corrupt = folder / f"{CHAPTER}-corrupt.ipynb"
     corrupt.write_text('{"cells": [', encoding="utf-8")
     notebooks = {
@@ -58,6 +65,7 @@ def batch(repo, tmp_path_factory):
         "corrupt": corrupt,
         "mixed": fill(exercise, folder / "mixed" / f"{CHAPTER}.ipynb", mixed),
         "warned": fill(exercise, folder / "warned" / f"{CHAPTER}.ipynb", warned),
+        "tampered": folder / "tampered" / f"{CHAPTER}.ipynb",
     }
     report = folder / "report.json"
     done = grade("grade", *notebooks.values(), "--json", report)
@@ -118,6 +126,13 @@ def test_wrong_answers_lose_exactly_their_tests_with_their_hints(batch):
 def test_a_library_warning_on_stderr_does_not_zero_a_test(batch):
     _, graded = batch
     assert graded["warned"]["score"] == FULL_MARKS
+
+
+def test_emptied_test_cells_are_restored_from_the_source(batch):
+    _, graded = batch
+    result = graded["tampered"]
+    assert result["score"] == 0
+    assert all("is not written yet" in t["message"] for t in result["tests"])
 
 
 def test_the_printed_report_has_a_line_per_test_and_the_runtime(batch):
