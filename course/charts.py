@@ -44,3 +44,65 @@ def kv_memory_chart(
         xaxis_type="log", yaxis_type="log", template="plotly_white", height=480,
     )
     return figure
+
+
+_CATEGORY_STYLE = {  # category: (label, colour)
+    "token_states": ("token states", "#2a9d8f"),
+    "reserved": ("reserved for future tokens", "#e9c46a"),
+    "internal": ("internal fragmentation", "#f4a261"),
+    "external": ("external fragmentation", "#e76f51"),
+    "free": ("free (usable)", "#d9d9d9"),
+}
+
+
+def memory_breakdown_chart(shares: dict[str, dict[str, float]],
+                           paper: dict[str, float], title: str) -> go.Figure:
+    """Stacked bars in the shape of the vLLM paper's Fig. 2: each strategy's KV pool split by
+    category (simulated), with the paper's token-state share beside each bar as a marker."""
+    strategies = list(shares)
+    figure = go.Figure()
+    for category, (label, colour) in _CATEGORY_STYLE.items():
+        values = [100 * shares[s][category] for s in strategies]
+        figure.add_trace(go.Bar(
+            x=strategies, y=values, name=label, marker_color=colour,
+            text=[f"{v:.1f}%" if v >= 4 else "" for v in values], textposition="inside",
+            hovertemplate="%{x}: %{y:.1f}%<extra>" + label + "</extra>"))
+    known = [s for s in strategies if s in paper]
+    figure.add_trace(go.Scatter(
+        x=known, y=[100 * paper[s] for s in known], mode="markers+text",
+        name="paper's token-state share (Kwon et al., Fig. 2)",
+        marker=dict(symbol="diamond", size=12, color="black"),
+        text=[f"paper {100 * paper[s]:.1f}%" for s in known], textposition="middle right"))
+    figure.update_layout(barmode="stack", title=title, yaxis_title="share of the KV pool (%)",
+                         yaxis_range=[0, 100], template="plotly_white", height=480)
+    return figure
+
+
+def resident_requests_chart(series: dict[str, list[int]], title: str) -> go.Figure:
+    """Requests resident in the pool at each step, one line per strategy."""
+    figure = go.Figure()
+    for name, counts in series.items():
+        figure.add_trace(go.Scatter(y=counts, mode="lines", name=name))
+    figure.update_layout(title=title, xaxis_title="step (one token per request)",
+                         yaxis_title="requests resident", template="plotly_white", height=420)
+    return figure
+
+
+def block_size_sweep_chart(sweeps: dict[str, list]) -> go.Figure:
+    """Token-state share and mean block-table length against block size, one line per mix."""
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(rows=1, cols=2, subplot_titles=(
+        "token states / KV pool (under load)", "block-table entries per request"))
+    for name, points in sweeps.items():
+        sizes = [p.block_size for p in points]
+        figure.add_trace(go.Scatter(x=sizes, y=[100 * p.token_state_share for p in points],
+                                    mode="lines+markers", name=name, legendgroup=name), 1, 1)
+        figure.add_trace(go.Scatter(x=sizes, y=[p.mean_table_length for p in points],
+                                    mode="lines+markers", name=name, legendgroup=name,
+                                    showlegend=False), 1, 2)
+    figure.update_xaxes(type="log", title_text="block size (tokens)", dtick=0.30103)
+    figure.update_yaxes(title_text="%", row=1, col=1)
+    figure.update_yaxes(type="log", title_text="entries", row=1, col=2)
+    figure.update_layout(template="plotly_white", height=420)
+    return figure

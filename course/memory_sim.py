@@ -254,3 +254,27 @@ def _simulate_paged(requests: list[Request], strategy: Strategy,
         steps.append(Step(tokens, 0, held * block - tokens, pool_slots - num_blocks * block,
                           free_blocks * block, len(running), len(waiting), held))
     return SimulationResult(strategy, pool_slots, steps, preemptions, completed)
+
+
+# Share of KV memory holding token states, Kwon et al. (SOSP 2023), Fig. 2: Orca with
+# reservations of the maximum length, of the next power of two, and of the exact final length
+# (an oracle), and vLLM.
+PAPER_TOKEN_STATE_SHARE = {"Max": 0.204, "Pow2": 0.268, "Oracle": 0.382, "Paged (B=16)": 0.963}
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    block_size: int
+    token_state_share: float
+    mean_table_length: float
+
+
+def sweep_block_sizes(requests: list[Request], pool_slots: int, block_sizes: list[int],
+                      max_model_len: int = 2048) -> list[SweepPoint]:
+    """Token-state share and mean block-table length under load, for each block size."""
+    points = []
+    for block_size in block_sizes:
+        result = simulate(requests, paged(block_size), pool_slots, max_model_len)
+        points.append(SweepPoint(block_size, result.shares()["token_states"],
+                                 result.mean_table_length()))
+    return points

@@ -98,3 +98,18 @@ def test_workload_means_match_the_paper(mix):
 def test_workloads_are_seeded():
     assert sample_requests(SHAREGPT, 50, seed=5) == sample_requests(SHAREGPT, 50, seed=5)
     assert sample_requests(SHAREGPT, 50, seed=5) != sample_requests(SHAREGPT, 50, seed=6)
+
+
+def test_the_chapter_2_figure_shows_paging_far_above_contiguous_reservation():
+    """The notebook's own set-up: OPT-13B on a 40 GB A100, 400 ShareGPT-like requests."""
+    from course import kv_sizing
+    from course.models import MODELS
+
+    opt = MODELS["OPT-13B"]
+    blocks = kv_sizing.num_gpu_blocks(40 * 2**30, 0.9, opt.weight_bytes(2), 2**30,
+                                      kv_sizing.kv_bytes_per_sequence(opt, 16))
+    requests = sample_requests(SHAREGPT, 400, seed=0)
+    share = {s.name: simulate(requests, s, blocks * 16).shares()["token_states"]
+             for s in [MAX, POW2, ORACLE, paged(16)]}
+    assert share["Paged (B=16)"] > 0.9
+    assert share["Max"] < share["Pow2"] < share["Oracle"] < 0.6

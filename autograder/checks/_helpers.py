@@ -17,20 +17,10 @@ def describe_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> str:
     return f"{getattr(fn, '__name__', 'your function')}({args})"
 
 
-def call(fn: Callable[..., Any], **kwargs: Any) -> Any:
-    """Call the learner's ``fn``, turning its exceptions into hints."""
-    try:
-        return fn(**kwargs)
-    except NotImplementedError:
-        raise AssertionError(
-            f"{getattr(fn, '__name__', 'this function')} is not written yet: replace "
+def _not_written(fn: Callable[..., Any]) -> str:
+    return (f"{getattr(fn, '__name__', 'this function')} is not written yet: replace "
             "`raise NotImplementedError()` in its cell with your code, run that cell, "
-            "then run this test again."
-        ) from None
-    except Exception as exc:
-        raise AssertionError(
-            f"{describe_call(fn, kwargs)} raised {type(exc).__name__}: {exc}"
-        ) from exc
+            "then run this test again.")
 
 
 def expect_equal(
@@ -46,7 +36,13 @@ def expect_equal(
     On failure the hint names the call, the expected and returned values, the idea, and, when
     the returned value matches a known wrong formula in ``diagnoses``, what that formula misses.
     """
-    got = call(fn, **kwargs)
+    try:
+        got = fn(**kwargs)
+    except NotImplementedError:
+        raise AssertionError(_not_written(fn)) from None
+    except Exception as exc:
+        raise AssertionError(f"{describe_call(fn, kwargs)} raised {type(exc).__name__}: {exc}, "
+                             f"expected {_short(expected)}. {idea}") from exc
     if _same(got, expected, rel_tol):
         return
     message = f"{describe_call(fn, kwargs)} returned {_short(got)}, expected {_short(expected)}. "
@@ -56,6 +52,49 @@ def expect_equal(
     elif likely:  # several known mistakes give this value on this input: name them all
         message += "Perhaps: " + " Or: ".join(likely) + " "
     raise AssertionError(message + idea)
+
+
+def expect_raises(
+    fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    errors: tuple[type[BaseException], ...],
+    idea: str,
+) -> None:
+    """Assert ``fn(**kwargs)`` raises one of ``errors``; the hint says what it did instead."""
+    names = " or ".join(e.__name__ for e in errors)
+    try:
+        got = fn(**kwargs)
+    except errors:
+        return
+    except NotImplementedError:
+        raise AssertionError(_not_written(fn)) from None
+    except Exception as exc:
+        raise AssertionError(f"{describe_call(fn, kwargs)} raised {type(exc).__name__}: {exc}; "
+                             f"expected {names}. {idea}") from exc
+    raise AssertionError(f"{describe_call(fn, kwargs)} returned {_short(got)}, expected it to "
+                         f"raise {names}. {idea}")
+
+
+def for_all(strategy: Any, check: Callable[[Any], None], max_examples: int = 150) -> None:
+    """Run ``check`` on cases drawn by the hypothesis ``strategy``.
+
+    Derandomized (the same cases every run, so a grade never changes) and without an example
+    database (nothing is written next to the notebook). When a case fails, hypothesis shrinks
+    it and the hint shows the smallest failing input.
+    """
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+              print_blob=False, report_multiple_bugs=False,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def run(case: Any) -> None:
+        check(case)
+
+    try:
+        run()
+    except AssertionError as failure:
+        raise AssertionError(str(failure)) from None  # the hint alone, not hypothesis' report
 
 
 def _matches(got: Any, wrong: Callable[..., Any], kwargs: dict[str, Any], rel_tol: float) -> bool:
