@@ -66,15 +66,17 @@ def memory_breakdown_chart(shares: dict[str, dict[str, float]],
         figure.add_trace(go.Bar(
             x=strategies, y=values, name=label, marker_color=colour,
             text=[f"{v:.1f}%" if v >= 4 else "" for v in values], textposition="inside",
-            hovertemplate="%{x}: %{y:.1f}%<extra>" + label + "</extra>"))
+            insidetextanchor="middle", hovertemplate="%{x}: %{y:.1f}%<extra>" + label + "</extra>"))
     known = [s for s in strategies if s in paper]
     figure.add_trace(go.Scatter(
         x=known, y=[100 * paper[s] for s in known], mode="markers+text",
         name="paper's token-state share (Kwon et al., Fig. 2)",
         marker=dict(symbol="diamond", size=12, color="black"),
-        text=[f"paper {100 * paper[s]:.1f}%" for s in known], textposition="middle right"))
+        text=[f"paper {100 * paper[s]:.1f}%" for s in known], textposition="middle right",
+        cliponaxis=False))
     figure.update_layout(barmode="stack", title=title, yaxis_title="share of the KV pool (%)",
-                         yaxis_range=[0, 100], template="plotly_white", height=480)
+                         yaxis_range=[0, 100], template="plotly_white", height=480,
+                         margin=dict(r=40))
     return figure
 
 
@@ -94,13 +96,15 @@ def block_size_sweep_chart(sweeps: dict[str, list]) -> go.Figure:
 
     figure = make_subplots(rows=1, cols=2, subplot_titles=(
         "token states / KV pool (under load)", "block-table entries per request"))
-    for name, points in sweeps.items():
+    palette = ["#264653", "#e76f51", "#2a9d8f", "#e9c46a"]
+    for index, (name, points) in enumerate(sweeps.items()):
+        colour = palette[index % len(palette)]
         sizes = [p.block_size for p in points]
+        style = dict(mode="lines+markers", name=name, legendgroup=name, line_color=colour)
         figure.add_trace(go.Scatter(x=sizes, y=[100 * p.token_state_share for p in points],
-                                    mode="lines+markers", name=name, legendgroup=name), 1, 1)
+                                    **style), 1, 1)
         figure.add_trace(go.Scatter(x=sizes, y=[p.mean_table_length for p in points],
-                                    mode="lines+markers", name=name, legendgroup=name,
-                                    showlegend=False), 1, 2)
+                                    showlegend=False, **style), 1, 2)
     figure.update_xaxes(type="log", title_text="block size (tokens)", dtick=0.30103)
     figure.update_yaxes(title_text="%", row=1, col=1)
     figure.update_yaxes(type="log", title_text="entries", row=1, col=2)
