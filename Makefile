@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 PORT ?= 8888
 
-.PHONY: setup lab test lint exercises doctor wheel clean
+.PHONY: setup lab test lint exercises bench doctor wheel clean
 
 setup: $(VENV)/.installed
 
@@ -43,6 +43,10 @@ lint: setup
 # Regenerate the learner notebooks in exercises/ from solutions/ with nbgrader.
 exercises: setup
 	$(BIN)/python -m autograder release
+
+# Benchmarks print figures; they are not tests.
+bench: setup
+	$(BIN)/python -m course.bench
 
 doctor: setup
 	$(BIN)/python -m course doctor

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import textwrap
 
 import nbformat
 import pytest
@@ -12,13 +13,34 @@ from conftest import CHAPTERS
 
 
 def _solution_functions(notebook: nbformat.NotebookNode) -> dict[str, ast.FunctionDef]:
+    """Functions of solution cells, and methods of classes in locked skeleton cells, by name.
+
+    A later cell may redefine a function (a TODO built up in steps): the last one counts.
+    """
     functions = {}
     for cell in notebook.cells:
-        if cell.metadata.get("nbgrader", {}).get("solution"):
-            for node in ast.parse(cell.source).body:
-                if isinstance(node, ast.FunctionDef):
-                    functions[node.name] = node
+        meta = cell.metadata.get("nbgrader", {})
+        skeleton = meta.get("locked") and meta.get("grade_id", "").startswith("skeleton")
+        if not (meta.get("solution") or skeleton):
+            continue
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.FunctionDef):
+                functions[node.name] = node
+            elif isinstance(node, ast.ClassDef) and skeleton:
+                functions.update({f.name: f for f in node.body if isinstance(f, ast.FunctionDef)})
     return functions
+
+
+def _library_function(module, name: str):
+    """A top-level function of ``module``, or the method of that name of a class in it."""
+    if inspect.isfunction(vars(module).get(name)):
+        return vars(module)[name]
+    owners = [c for c in vars(module).values()
+              if inspect.isclass(c) and c.__module__ == module.__name__
+              and inspect.isfunction(vars(c).get(name))
+              and vars(c)[name].__code__.co_filename == module.__file__]  # not generated
+    assert len(owners) == 1, f"{module.__name__} has no single definition of {name}"
+    return vars(owners[0])[name]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
@@ -29,7 +51,8 @@ def test_library_reference_is_the_solution_code(chapter):
     solved = _solution_functions(notebook)
     assert solved, f"{chapter.name} has no solution functions"
     for name, node in solved.items():
-        library = ast.parse(inspect.getsource(getattr(module, name))).body[0]
+        source = inspect.getsource(_library_function(module, name))
+        library = ast.parse(textwrap.dedent(source)).body[0]
         # comments (the BEGIN/END SOLUTION markers) are not in the AST; everything else must match
         assert ast.dump(node) == ast.dump(library), (
             f"{name} in {chapter.source.name} differs from {module_name}.{name}: "

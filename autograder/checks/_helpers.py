@@ -18,9 +18,13 @@ def describe_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> str:
 
 
 def _not_written(fn: Callable[..., Any]) -> str:
-    return (f"{getattr(fn, '__name__', 'this function')} is not written yet: replace "
-            "`raise NotImplementedError()` in its cell with your code, run that cell, "
-            "then run this test again.")
+    return not_written(getattr(fn, "__name__", "this function"))
+
+
+def not_written(name: str) -> str:
+    """The hint for a TODO whose stub still raises NotImplementedError."""
+    return (f"{name} is not written yet: replace `raise NotImplementedError()` in its cell "
+            "with your code, run that cell, then run this test again.")
 
 
 def expect_equal(

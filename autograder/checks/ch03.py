@@ -1,0 +1,425 @@
+"""Checks for chapter 3, the BlockManager.
+
+Every check drives the learner's class through its public methods only (``allocate``,
+``append_slot``, ``fork``, ``free``, ``block_table``, ``seq_len``, ``ref_count``,
+``num_free_blocks``) and compares what it sees with a model: which blocks each sequence holds
+and how many tables hold each block. It never asks *which* free block comes next, so a FIFO,
+LIFO or random free pool all pass.
+
+A sentinel runs alongside: every slot the manager hands out is written, in a fake KV pool,
+with a (sequence, position) marker, and every copy-on-write it asks for is performed. After
+each operation, reading each live sequence's positions through its block table must return
+exactly its own tokens (or, before a fork, its parent's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from autograder.checks._helpers import not_written
+from course.block_manager import CopyOnWrite, NoFreeBlocksError
+
+SUBJECT = "BlockManager"  # these checks take the learner's class, not a function
+
+_COW = ("Copy-on-write: a sequence about to write into a partly filled last block that other "
+        "sequences also hold must first take a fresh block and copy the shared block's "
+        "filled slots into it (Slot.copy says which); full shared blocks stay shared.")
+
+
+class _Harness:
+    """The learner's manager, a model of what it should hold, and a fake KV pool."""
+
+    def __init__(self, cls: type, num_blocks: int, block_size: int) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.log = [f"bm = BlockManager(num_blocks={num_blocks}, block_size={block_size})"]
+        self.bm = self._call(lambda: cls(num_blocks, block_size))
+        self.tokens: dict[int, list[tuple[int, int]]] = {}  # the markers each sequence owns
+        self.pool: dict[int, tuple[int, int]] = {}  # fake KV pool: slot -> marker written there
+
+    # -- reporting ----------------------------------------------------------------------
+
+    def fail(self, problem: str, idea: str = "") -> None:
+        steps = "; ".join(self.log[-12:])
+        more = "... " if len(self.log) > 12 else ""
+        raise AssertionError(f"After {more}{steps}: {problem}" + (f" {idea}" if idea else ""))
+
+    def _call(self, action: Callable):
+        try:
+            return action()
+        except NotImplementedError:
+            raise AssertionError(_not_written_method(self.log[-1])) from None
+
+    def _run(self, text: str, action: Callable, allowed: tuple = ()):
+        self.log.append(text)
+        try:
+            return action()
+        except NotImplementedError:
+            raise AssertionError(_not_written_method(text)) from None
+        except allowed:
+            raise
+        except Exception as exc:
+            self.fail(f"{text} raised {type(exc).__name__}: {exc}")
+
+    # -- observing ------------------------------------------------------------------------
+
+    def tables(self) -> dict[int, list[int]]:
+        return {seq: list(self.bm.block_table(seq)) for seq in self.tokens}
+
+    def snapshot(self) -> tuple:
+        counts = [self.bm.ref_count(b) for b in range(self.num_blocks)]
+        lengths = {seq: self.bm.seq_len(seq) for seq in self.tokens}
+        return self.tables(), counts, self.bm.num_free_blocks(), lengths
+
+    def verify(self) -> None:
+        """The books balance, and every sequence reads back exactly its own tokens."""
+        tables = self.tables()
+        holders = [0] * self.num_blocks
+        for seq, table in tables.items():
+            length = len(self.tokens[seq])
+            if self.bm.seq_len(seq) != length:
+                self.fail(f"seq_len({seq}) is {self.bm.seq_len(seq)}, expected {length}.")
+            if len(table) != -(-length // self.block_size):
+                self.fail(f"sequence {seq} has {length} tokens but {len(table)} blocks; "
+                          f"expected ceil({length} / {self.block_size}).")
+            if len(set(table)) != len(table):
+                self.fail(f"sequence {seq}'s table {table} names a block twice.")
+            for block in table:
+                if not 0 <= block < self.num_blocks:
+                    self.fail(f"sequence {seq}'s table {table} names block {block}, outside "
+                              f"the pool of {self.num_blocks}.")
+                holders[block] += 1
+        for block, held in enumerate(holders):
+            count = self.bm.ref_count(block)
+            if count > held:
+                self.fail(f"block {block}'s reference count is {count} but {held} table(s) hold "
+                          "it: a reference was never given back (a leak).",
+                          "Freeing a sequence drops one reference from every block in its "
+                          "table, shared or not.")
+            if count < held:
+                self.fail(f"block {block} is held by {held} table(s) but its reference count is "
+                          f"{count}: it was released while still in use (a premature free).",
+                          "A block returns to the pool only when its count reaches zero.")
+        in_use = sum(1 for held in holders if held)
+        if self.bm.num_free_blocks() != self.num_blocks - in_use:
+            self.fail(f"num_free_blocks() is {self.bm.num_free_blocks()}, but {in_use} of "
+                      f"{self.num_blocks} blocks are in use.",
+                      "free + in use = total: a block must be free exactly when no table "
+                      "holds it.")
+        for seq, table in tables.items():
+            for position, owner in enumerate(self.tokens[seq]):
+                slot = table[position // self.block_size] * self.block_size \
+                    + position % self.block_size
+                found = self.pool.get(slot)
+                if found != owner:
+                    self.fail(f"sequence {seq}'s position {position} (slot {slot}) holds "
+                              f"{_marker(found)}, not {_marker(owner)}: a write landed in a "
+                              "block another sequence reads.", _COW)
+
+    # -- operations -----------------------------------------------------------------------
+
+    def allocate(self, seq: int, num_tokens: int) -> None:
+        before = self.snapshot()
+        try:
+            table = self._run(f"bm.allocate({seq}, {num_tokens})",
+                              lambda: self.bm.allocate(seq, num_tokens), (NoFreeBlocksError,))
+        except NoFreeBlocksError:
+            needed = -(-num_tokens // self.block_size)
+            if needed <= before[2]:
+                self.fail(f"it raised NoFreeBlocksError with {before[2]} free blocks for a "
+                          f"prompt that needs {needed}.")
+            self._unchanged(before, "allocate")
+            return
+        if table is not None and list(table) != self.bm.block_table(seq):
+            self.fail(f"allocate returned {list(table)} but block_table({seq}) is "
+                      f"{self.bm.block_table(seq)}.")
+        held_before = {b for t in before[0].values() for b in t}
+        new = self.bm.block_table(seq)
+        if held_before & set(new):
+            self.fail(f"the new sequence got block(s) {sorted(held_before & set(new))} that "
+                      "other sequences hold.", "allocate takes only free blocks.")
+        self.tokens[seq] = [(seq, p) for p in range(num_tokens)]
+        for position in range(num_tokens):  # prefill writes the prompt's K and V
+            block = new[position // self.block_size] if position // self.block_size < len(new) \
+                else None
+            if block is None:
+                self.fail(f"sequence {seq} got {len(new)} blocks for {num_tokens} tokens; "
+                          f"expected ceil({num_tokens} / {self.block_size}).")
+            self.pool[block * self.block_size + position % self.block_size] = (seq, position)
+        self.verify()
+
+    def append(self, seq: int) -> None:
+        before = self.snapshot()
+        length = len(self.tokens[seq])
+        try:
+            slot = self._run(f"bm.append_slot({seq})", lambda: self.bm.append_slot(seq),
+                             (NoFreeBlocksError,))
+        except NoFreeBlocksError:
+            if before[2] > 0:
+                self.fail(f"append_slot raised NoFreeBlocksError with {before[2]} free blocks.")
+            self._unchanged(before, "append_slot")
+            return
+        offset = length % self.block_size
+        if slot.offset != offset:
+            self.fail(f"it returned offset {slot.offset} for sequence {seq}'s token {length}, "
+                      f"expected {length} % {self.block_size} = {offset}.",
+                      "A new token goes at offset seq_len % block_size of the last block; a "
+                      "new block is needed exactly when that offset is 0.")
+        table = self.bm.block_table(seq)
+        old_table, counts = before[0][seq], before[1]
+        if offset == 0:
+            if slot.copy is not None:
+                self.fail(f"it asked to copy {slot.copy} for a token that starts a new block.",
+                          "A full shared block stays shared: the next token goes into a fresh "
+                          "block and nothing is copied.")
+            if len(table) != len(old_table) + 1 or table[:-1] != old_table:
+                self.fail(f"sequence {seq}'s table went from {old_table} to {table}; a full "
+                          "last block needs one new block appended.",
+                          "Take a new block exactly when seq_len % block_size == 0 (with "
+                          "block_size 1, for every token).")
+        else:
+            shared = counts[old_table[-1]] > 1
+            if shared and slot.copy is None:
+                self.fail(f"sequence {seq} wrote into block {old_table[-1]}, which "
+                          f"{counts[old_table[-1]]} sequences hold, without a copy.", _COW)
+            if not shared and slot.copy is not None:
+                self.fail(f"it asked for {slot.copy} although block {old_table[-1]} is "
+                          "held by this sequence alone.", _COW)
+            if len(table) != len(old_table):
+                self.fail(f"sequence {seq}'s table went from {old_table} to {table}, but its "
+                          "last block still had room.",
+                          "A new block is needed only when the last one is full.")
+        if slot.block != table[-1]:
+            self.fail(f"it returned block {slot.block}, but the sequence's last block is "
+                      f"{table[-1]}.")
+        if slot.copy is not None:
+            expected = CopyOnWrite(old_table[-1], table[-1], offset)
+            if (slot.copy.src, slot.copy.dst, slot.copy.num_slots) != (
+                    expected.src, expected.dst, expected.num_slots):
+                self.fail(f"it asked for {slot.copy}, expected {expected}.", _COW)
+            for i in range(slot.copy.num_slots):  # the engine performs the copy
+                self.pool[slot.copy.dst * self.block_size + i] = \
+                    self.pool.get(slot.copy.src * self.block_size + i)
+        self.pool[slot.block * self.block_size + slot.offset] = (seq, length)
+        self.tokens[seq].append((seq, length))
+        self.verify()
+
+    def fork(self, parent: int, child: int) -> None:
+        before = self.snapshot()
+        self._run(f"bm.fork({parent}, {child})", lambda: self.bm.fork(parent, child))
+        if self.bm.num_free_blocks() != before[2]:
+            self.fail(f"fork changed the free blocks from {before[2]} to "
+                      f"{self.bm.num_free_blocks()}.", "A fork shares blocks: nothing is "
+                      "allocated or copied, reference counts go up by one.")
+        self.tokens[child] = list(self.tokens[parent])
+        if self.bm.block_table(child) != before[0][parent]:
+            self.fail(f"the child's table is {self.bm.block_table(child)}, the parent's "
+                      f"{before[0][parent]}.", "A fork shares all of the parent's blocks.")
+        self.verify()
+
+    def free(self, seq: int) -> None:
+        self._run(f"bm.free({seq})", lambda: self.bm.free(seq))
+        del self.tokens[seq]
+        self.verify()
+
+    def expect_error(self, text: str, action: Callable, errors: tuple, idea: str) -> None:
+        before = self.snapshot()
+        self.log.append(text)
+        try:
+            action()
+        except NotImplementedError:
+            raise AssertionError(_not_written_method(text)) from None
+        except errors:
+            self._unchanged(before, text.split("(")[0].split(".")[-1])
+            return
+        except Exception as exc:
+            self.fail(f"it raised {type(exc).__name__}: {exc}; expected "
+                      f"{' or '.join(e.__name__ for e in errors)}.", idea)
+        self.fail(f"it raised nothing; expected {' or '.join(e.__name__ for e in errors)}.", idea)
+
+    def _unchanged(self, before: tuple, operation: str) -> None:
+        after = self.snapshot()
+        if after != before:
+            what = ["block tables", "reference counts", "free blocks", "sequence lengths"]
+            changed = [w for w, b, a in zip(what, before, after, strict=True) if b != a]
+            self.fail(f"{operation} failed but changed the {', '.join(changed)}.",
+                      "An operation that cannot complete must leave everything as it was: "
+                      "check there are enough free blocks before taking any.")
+
+
+def _marker(marker: tuple[int, int] | None) -> str:
+    return "nothing" if marker is None else f"sequence {marker[0]}'s token {marker[1]}"
+
+
+def _not_written_method(text: str) -> str:
+    return not_written(text.split("(")[0].split(".")[-1] if "." in text else "BlockManager")
+
+
+# --- visible checks ------------------------------------------------------------------------
+
+
+def check_allocate(cls: type) -> None:
+    """8 blocks of 4: a 10-token prompt takes 3 blocks, an empty one none, a 21-token one does
+    not fit (NoFreeBlocksError, nothing changes), and a sequence cannot be allocated twice."""
+    h = _Harness(cls, 8, 4)
+    h.allocate(0, 10)
+    h.allocate(1, 0)
+    h.allocate(2, 21)
+    if 2 in h.tokens:
+        h.fail("a 21-token prompt needs 6 blocks and only 5 are free, yet it was allocated.")
+    h.expect_error("bm.allocate(0, 1)", lambda: h.bm.allocate(0, 1), (ValueError, KeyError),
+                   "A sequence id that already has blocks cannot be allocated again.")
+
+
+def check_append_slot(cls: type) -> None:
+    """Block size 4: a 3-token sequence fills its block, then takes a new one; two sequences
+    grow interleaved; block size 1 takes a block per token; running out changes nothing."""
+    h = _Harness(cls, 6, 4)
+    h.allocate(0, 3)
+    h.allocate(1, 4)
+    for _ in range(3):
+        h.append(0)
+        h.append(1)
+    one = _Harness(cls, 3, 1)
+    one.allocate(0, 1)
+    one.append(0)
+    one.append(0)
+    one.append(0)  # the pool is exhausted: NoFreeBlocksError, nothing changes
+
+
+def check_fork(cls: type) -> None:
+    """A forked child shares every block of its parent; counts go up, nothing is copied."""
+    h = _Harness(cls, 8, 4)
+    h.allocate(0, 6)
+    h.fork(0, 1)
+    h.fork(1, 2)
+    for block in h.bm.block_table(0):
+        if h.bm.ref_count(block) != 3:
+            h.fail(f"block {block} is shared by 3 sequences but its count is "
+                   f"{h.bm.ref_count(block)}.")
+    h.expect_error("bm.fork(0, 1)", lambda: h.bm.fork(0, 1), (ValueError, KeyError),
+                   "The child id must be new.")
+
+
+def check_copy_on_write(cls: type) -> None:
+    """Block size 4: forked after 3 tokens, the first sequence to write copies the shared
+    block; forked after 4, both take fresh blocks and the full block stays shared; a copy
+    that finds no free block raises and changes nothing."""
+    h = _Harness(cls, 8, 4)
+    h.allocate(0, 3)
+    h.fork(0, 1)
+    h.append(1)  # copy-on-write
+    h.append(0)  # block 0's last block is its own again: no copy
+    full = _Harness(cls, 8, 4)
+    full.allocate(0, 4)
+    full.fork(0, 1)
+    full.append(0)
+    full.append(1)
+    tight = _Harness(cls, 1, 4)
+    tight.allocate(0, 2)
+    tight.fork(0, 1)
+    tight.append(1)  # must copy, no block free: NoFreeBlocksError, nothing changes
+
+
+def check_free(cls: type) -> None:
+    """Freeing a parent keeps the blocks its child shares; freeing the child returns them;
+    freeing an unknown or already-freed sequence raises."""
+    h = _Harness(cls, 8, 4)
+    h.allocate(0, 6)
+    h.fork(0, 1)
+    h.append(1)
+    h.append(1)
+    h.free(0)
+    h.free(1)
+    if h.bm.num_free_blocks() != 8:
+        h.fail(f"{h.bm.num_free_blocks()} of 8 blocks are free after every sequence left.")
+    h.expect_error("bm.free(1)", lambda: h.bm.free(1), (KeyError, ValueError),
+                   "Freeing a sequence twice must raise, not release its blocks again.")
+    h.expect_error("bm.free(7)", lambda: h.bm.free(7), (KeyError, ValueError),
+                   "Freeing a sequence that never existed must raise.")
+
+
+# --- hidden checks: stateful, against the model ---------------------------------------------
+
+
+def _machine(cls: type, operations: set[str]) -> type:
+    class BlockManagerMachine(RuleBasedStateMachine):
+        h: _Harness
+        next_id = 0
+
+        @initialize(num_blocks=st.integers(1, 10), block_size=st.sampled_from([1, 2, 3, 4, 16]))
+        def create(self, num_blocks: int, block_size: int) -> None:
+            self.h = _Harness(cls, num_blocks, block_size)
+
+        @rule(num_tokens=st.integers(0, 20))
+        def allocate(self, num_tokens: int) -> None:
+            self.h.allocate(self.next_id, num_tokens)
+            self.next_id += 1
+
+        @rule(data=st.data())
+        def append(self, data: st.DataObject) -> None:
+            if self.h.tokens and "append" in operations:
+                self.h.append(data.draw(st.sampled_from(sorted(self.h.tokens))))
+
+        @rule(data=st.data())
+        def fork(self, data: st.DataObject) -> None:
+            if self.h.tokens and "fork" in operations:
+                self.h.fork(data.draw(st.sampled_from(sorted(self.h.tokens))), self.next_id)
+                self.next_id += 1
+
+        @rule(data=st.data())
+        def free(self, data: st.DataObject) -> None:
+            if self.h.tokens and "free" in operations:
+                self.h.free(data.draw(st.sampled_from(sorted(self.h.tokens))))
+
+        @invariant()
+        def books_balance(self) -> None:
+            if hasattr(self, "h"):
+                self.h.verify()
+
+    return BlockManagerMachine
+
+
+def _stateful(cls: type, operations: set[str], max_examples: int = 120) -> None:
+    from hypothesis import HealthCheck, settings
+
+    config = settings(max_examples=max_examples, stateful_step_count=40, derandomize=True,
+                      database=None, deadline=None, print_blob=False,
+                      report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+    try:
+        run_state_machine_as_test(_machine(cls, operations), settings=config)
+    except AssertionError as failure:
+        raise AssertionError(str(failure)) from None
+
+
+def check_allocate_thoroughly(cls: type) -> None:
+    """Random prompts into random small pools (block size 1 included): all or nothing."""
+    _stateful(cls, set())
+
+
+def check_append_slot_thoroughly(cls: type) -> None:
+    """Random interleavings of allocate and append_slot, running out included."""
+    _stateful(cls, {"append"})
+
+
+def check_fork_thoroughly(cls: type) -> None:
+    """Random interleavings of allocate and fork (forks of forks included)."""
+    _stateful(cls, {"fork"})
+
+
+def check_copy_on_write_thoroughly(cls: type) -> None:
+    """Random interleavings of allocate, append_slot and fork, with the sentinel pool."""
+    _stateful(cls, {"append", "fork"})
+
+
+def check_free_thoroughly(cls: type) -> None:
+    """Random interleavings of every operation, running out of blocks included."""
+    _stateful(cls, {"append", "fork", "free"}, max_examples=200)

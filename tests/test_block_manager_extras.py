@@ -1,0 +1,104 @@
+"""Chapter 3's scenarios, animation, sharing figures and benchmark, on the reference."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from course.bench import NaiveFreeListManager, trace_ops_per_second
+from course.block_animation import allocation_animation, animate
+from course.block_manager import BlockManager
+from course.block_scenarios import beam_search, interleaved_growth, record, running_out
+from course.sharing import beam_search as beam_saving
+from course.sharing import parallel_sampling
+from course.workloads import ALPACA, sample_requests
+
+
+def _hooks(html: str) -> dict[str, str]:
+    root = re.search(r'<div class="kv-block-animation"([^>]*)>', html).group(1)
+    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', root))
+
+
+def test_interleaved_requests_never_share_a_block():
+    frames = record(BlockManager(12, 4), 12, interleaved_growth())
+    assert not any(f.failed for f in frames)
+    for frame in frames:
+        if {0, 1} <= set(frame.tables):
+            assert not set(frame.tables[0]) & set(frame.tables[1])
+    both = [f for f in frames if {0, 1} <= set(f.tables)][-1]
+    assert sorted(both.tables[0] + both.tables[1]) != both.tables[0] + both.tables[1]  # interleaved
+    assert frames[-1].used_blocks == 0
+
+
+def test_beam_search_shares_its_prompt_and_copies_on_divergence():
+    frames = record(BlockManager(16, 4), 16, beam_search(width=3))
+    assert any(f.copy for f in frames), "diverging beams never copied a shared block"
+    forked = frames[3]  # allocate, fork, fork: three beams on the prompt's two blocks
+    assert forked.used_blocks == 2 and set(forked.ref_counts[:2]) == {3}
+    assert frames[-1].used_blocks == 0
+
+
+def test_running_out_raises_and_changes_nothing():
+    frames = record(BlockManager(5, 4), 5, running_out())
+    failed = [i for i, f in enumerate(frames) if f.failed]
+    assert len(failed) == 2
+    for i in failed:
+        before, after = frames[i - 1], frames[i]
+        assert (before.tables, before.ref_counts, before.free_blocks) == (
+            after.tables, after.ref_counts, after.free_blocks)
+    assert "allocate(2, 6)" in frames[-1].event and not frames[-1].failed
+
+
+def test_the_animation_steps_through_the_trace_with_its_hooks():
+    frames = record(BlockManager(16, 4), 16, beam_search(width=3))
+    widget = allocation_animation(frames)
+    (play, back, forward, slider), view = widget.children[0].children, widget.children[1]
+    assert (play.max, slider.max) == (len(frames) - 1, len(frames) - 1)
+    cow = next(i for i, f in enumerate(frames) if f.copy)
+    slider.value = cow
+    hooks = _hooks(view.value)
+    assert hooks["step"] == str(cow) and hooks["cow"] == "1"
+    assert hooks["used-blocks"] == str(frames[cow].used_blocks)
+    assert view.value.count("cow-src") == 2 and view.value.count("cow-dst") == 2  # css + cell
+    forward.click()
+    assert _hooks(view.value)["step"] == str(cow + 1)
+    back.click()
+    back.click()
+    assert _hooks(view.value)["step"] == str(cow - 1)
+
+
+def test_an_unfinished_class_falls_back_to_the_reference(capsys):
+    class Unfinished(BlockManager):
+        def fork(self, parent_id, child_id):
+            raise NotImplementedError()
+
+    widget = animate(Unfinished, BlockManager, 16, 4, beam_search(width=3))
+    assert "reference version" in capsys.readouterr().out
+    assert _hooks(widget.children[1].value)["steps"] == str(len(beam_search(width=3)) + 1)
+
+
+def test_a_buggy_class_is_animated_with_its_errors_shown(capsys):
+    class Buggy(BlockManager):
+        def free(self, seq_id):
+            raise RuntimeError("oops")
+
+    frames = record(Buggy(12, 4), 12, interleaved_growth())
+    assert frames[-1].failed and "RuntimeError: oops" in frames[-1].event
+
+
+@pytest.fixture(scope="module")
+def alpaca():
+    return sample_requests(ALPACA, 120, seed=0)
+
+
+def test_sharing_saves_more_for_beams_than_samples_and_more_with_width(alpaca):
+    samples = [parallel_sampling(alpaca, n, ALPACA).fraction for n in (2, 4, 6)]
+    beams = [beam_saving(alpaca, width).fraction for width in (2, 4, 6)]
+    assert 0 < samples[0] < samples[1] < samples[2] < 0.5
+    assert samples[2] < beams[0] < beams[1] < beams[2] < 1
+
+
+def test_the_benchmark_runs_both_free_pools():
+    assert trace_ops_per_second(BlockManager, 200, operations=900) > 0
+    assert trace_ops_per_second(NaiveFreeListManager, 200, operations=900) > 0
