@@ -1,0 +1,5 @@
+"""Triton kernels, their PyTorch references and the kernel benchmark (chapters 6 and 7).
+
+Kernel modules must be imported after ``course.setup()``: Triton reads ``TRITON_INTERPRET``
+when a kernel is defined.
+"""
