@@ -1,0 +1,545 @@
+"""Checks for chapter 4, prefix caching.
+
+``block_key`` and ``prefix_keys`` are checked on their properties (deterministic, sensitive to
+the parent key, every token, their order and the extra keys; a partial block has no key;
+wide enough not to collide), never on a particular encoding.
+
+The manager is checked against an independent model that keys its cache by the *whole token
+prefix* (no hashing at all) and keeps its free blocks in a plain LRU list. The contract fixes
+the eviction order (least recently used), so the model predicts every block table exactly.
+A sentinel KV pool runs alongside: every computed position is written with a marker naming
+its whole prefix, so a cache hit must hand back KV computed for exactly that prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from autograder.checks._helpers import for_all, not_written
+from course.block_manager import NoFreeBlocksError
+
+SUBJECT = "PrefixCachingBlockManager"  # the manager checks take the learner's class
+SUBJECT_CHECKS = {"take_block", "allocate", "append_slot", "free"}
+ROOT = "ROOT"
+
+# --- block_key and prefix_keys -------------------------------------------------------------
+
+_KEY_IDEA = ("A block's key must name everything its K and V depend on: the parent block's key "
+             "(the whole prefix before it), its own tokens in order, and the extra keys; and be "
+             "a strong hash (sha256 of a canonical encoding, as a hex string), not Python's "
+             "hash().")
+
+
+def _key(fn: Callable, parent: str, tokens: list[int], extra: tuple = ()) -> str:
+    args = dict(parent_key=parent, tokens=tokens, extra_keys=extra)
+    try:
+        key = fn(**args)
+    except NotImplementedError:
+        raise AssertionError(not_written("block_key")) from None
+    except Exception as exc:
+        raise AssertionError(f"block_key({parent!r}, {tokens}, {extra}) raised "
+                             f"{type(exc).__name__}: {exc}. {_KEY_IDEA}") from exc
+    if not isinstance(key, str) or len(key) < 32:
+        raise AssertionError(f"block_key({parent!r}, {tokens}, {extra}) returned {key!r}: a key "
+                             "must be a hex digest of at least 128 bits (sha256 gives 256). "
+                             + _KEY_IDEA)
+    return key
+
+
+def _differ(fn: Callable, a: tuple, b: tuple, why: str) -> None:
+    if _key(fn, *a) == _key(fn, *b):
+        raise AssertionError(f"block_key{a} and block_key{b} are equal: {why} {_KEY_IDEA}")
+
+
+def check_block_key(fn: Callable) -> None:
+    """The same block after a different prefix, tokens in another order, another extra key,
+    and [1, 23] against [12, 3] must all get different keys; the same inputs the same key."""
+    if _key(fn, ROOT, [1, 2, 3]) != _key(fn, ROOT, [1, 2, 3]):
+        raise AssertionError("block_key gave two keys for the same inputs: it must be "
+                             "deterministic. " + _KEY_IDEA)
+    _differ(fn, ("parent-a", [5, 6, 7]), ("parent-b", [5, 6, 7]),
+            "the same tokens after a different prefix have different K and V (hashing a block's "
+            "tokens alone reuses the wrong cache).")
+    _differ(fn, (ROOT, [1, 2, 3]), (ROOT, [3, 2, 1]), "token order matters.")
+    _differ(fn, (ROOT, [1, 23]), (ROOT, [12, 3]), "an encoding that runs tokens together "
+            "(\"1\" + \"23\" == \"12\" + \"3\") collides: separate them.")
+    _differ(fn, (ROOT, [1, 2], ("lora-1",)), (ROOT, [1, 2], ("lora-2",)),
+            "the extra keys (a LoRA adapter, a cache salt) change the K and V.")
+
+
+def check_block_key_thoroughly(fn: Callable) -> None:
+    """The visible cases, then random blocks: distinct inputs never share a key; equal inputs
+    always do."""
+    check_block_key(fn)
+    blocks = st.tuples(st.sampled_from([ROOT, "a" * 64, "b" * 64]),
+                       st.lists(st.integers(0, 50_000), min_size=1, max_size=16),
+                       st.sampled_from([(), ("lora-1",), ("salt", 7)]))
+
+    def distinct(pair):
+        a, b = pair
+        if (a[0], list(a[1]), a[2]) == (b[0], list(b[1]), b[2]):
+            if _key(fn, *a) != _key(fn, *b):
+                raise AssertionError(f"block_key{a} changed between calls. {_KEY_IDEA}")
+        else:
+            _differ(fn, a, b, "different inputs must get different keys.")
+
+    for_all(st.tuples(blocks, blocks), distinct, max_examples=200)
+
+
+_PREFIX_IDEA = ("prefix_keys chains block_key from ROOT_KEY: key 0 = block_key(ROOT_KEY, block "
+                "0, extra), key i = block_key(key i-1, block i, extra); only full blocks have "
+                "keys. So key i names the whole prefix up to the end of block i.")
+
+
+def _keys(fn: Callable, tokens: list[int], block_size: int, extra: tuple = ()) -> list:
+    call = f"prefix_keys({tokens}, {block_size}{', ' + repr(extra) if extra else ''})"
+    try:
+        keys = fn(tokens=list(tokens), block_size=block_size, extra_keys=extra)
+    except NotImplementedError:
+        raise AssertionError(not_written("prefix_keys")) from None
+    except Exception as exc:
+        raise AssertionError(f"{call} raised {type(exc).__name__}: {exc}. {_PREFIX_IDEA}") \
+            from exc
+    keys = list(keys)
+    if len(keys) != len(tokens) // block_size:
+        hint = (" A partial last block has no key: it will still change as tokens arrive."
+                if len(keys) > len(tokens) // block_size else "")
+        raise AssertionError(f"{call} returned {len(keys)} keys, expected one per full block: "
+                             f"{len(tokens)} // {block_size} = {len(tokens) // block_size}."
+                             f"{hint} {_PREFIX_IDEA}")
+    return keys
+
+
+def _check_prefix(fn: Callable, tokens: list[int], block_size: int, extra: tuple) -> None:
+    keys = _keys(fn, tokens, block_size, extra)
+    longer = _keys(fn, tokens + [7, 7, 7], block_size, extra)
+    if longer[:len(keys)] != keys:
+        raise AssertionError(f"prefix_keys({tokens}, {block_size}) and the same tokens with "
+                             "more after them disagree on the earlier blocks' keys: a key may "
+                             f"depend only on the tokens up to its block's end. {_PREFIX_IDEA}")
+    if len(set(keys)) != len(keys):
+        raise AssertionError(f"prefix_keys({tokens}, {block_size}) gave two blocks the same key:"
+                             " equal blocks at different depths have different prefixes. "
+                             + _PREFIX_IDEA)
+    if len(keys) >= 2:  # change the first token: every key must change (they all chain it)
+        changed = _keys(fn, [tokens[0] + 1] + tokens[1:], block_size, extra)
+        same = [i for i in range(len(keys)) if changed[i] == keys[i]]
+        if same:
+            raise AssertionError(
+                f"changing only token 0 of {tokens} (block size {block_size}) left key(s) "
+                f"{same} unchanged: each key must chain its parent's key, so a change "
+                f"anywhere in the prefix changes every key after it. {_PREFIX_IDEA}")
+    if keys and _keys(fn, tokens, block_size, extra + ("other",))[0] == keys[0]:
+        raise AssertionError(f"prefix_keys ignored the extra keys for {tokens}: pass them to "
+                             f"block_key. {_PREFIX_IDEA}")
+
+
+def check_prefix_keys(fn: Callable) -> None:
+    """Ten tokens in blocks of 4 (two keys, the last two tokens have none), eight tokens (two),
+    three (none), and ten with a cache salt."""
+    for tokens, extra in [(list(range(10)), ()), (list(range(8)), ()), ([7, 8, 9], ()),
+                          (list(range(10)), ("salt",))]:
+        _check_prefix(fn, tokens, 4, extra)
+
+
+def check_prefix_keys_thoroughly(fn: Callable) -> None:
+    """Random token lists and block sizes, lengths on block boundaries, repeated blocks."""
+    cases = st.tuples(st.lists(st.integers(0, 3), max_size=40), st.integers(1, 9),
+                      st.sampled_from([(), ("lora-3",)]))
+    for_all(cases, lambda c: _check_prefix(fn, *c), max_examples=100)
+
+
+# --- the manager: a model keyed by whole prefixes ------------------------------------------
+
+
+class _Model:
+    """The contract, written plainly: cache keyed by the whole token prefix, LRU list."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.size = block_size
+        self.lru = list(range(num_blocks))  # free blocks, least recently used first
+        self.refs = [0] * num_blocks
+        self.cache: dict[tuple, int] = {}
+        self.key_of: dict[int, tuple] = {}
+        self.tables: dict[int, list[int]] = {}
+        self.tokens: dict[int, list[int]] = {}
+        self.extra: dict[int, tuple] = {}
+        self.keyed: dict[int, int] = {}  # how many of a sequence's blocks were keyed
+
+    def prefix(self, tokens, extra, blocks: int) -> tuple:
+        return (tuple(extra), tuple(tokens[:blocks * self.size]))
+
+    def take(self) -> int:
+        block = self.lru.pop(0)
+        if block in self.key_of:
+            del self.cache[self.key_of.pop(block)]
+        self.refs[block] = 1
+        return block
+
+    def cache_full(self, seq: int) -> None:
+        """Cache each block the moment it becomes full, if its prefix is not cached yet (a
+        duplicate is never cached later: no de-duplication)."""
+        tokens, table = self.tokens[seq], self.tables[seq]
+        for i in range(self.keyed.get(seq, 0), len(tokens) // self.size):
+            key = self.prefix(tokens, self.extra[seq], i + 1)
+            if key not in self.cache and table[i] not in self.key_of:
+                self.cache[key] = table[i]
+                self.key_of[table[i]] = key
+        self.keyed[seq] = len(tokens) // self.size
+
+    def hits(self, tokens, extra) -> list[int]:
+        found = []
+        for i in range((len(tokens) - 1) // self.size if tokens else 0):
+            block = self.cache.get(self.prefix(tokens, extra, i + 1))
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def admits(self, tokens, extra) -> bool:
+        hits = self.hits(tokens, extra)
+        revived = sum(1 for b in hits if self.refs[b] == 0)
+        return -(-len(tokens) // self.size) - len(hits) + revived <= len(self.lru)
+
+    def allocate(self, seq, tokens, extra) -> int:
+        hits = self.hits(tokens, extra)
+        for block in hits:
+            if self.refs[block] == 0:
+                self.lru.remove(block)
+            self.refs[block] += 1
+        fresh = [self.take() for _ in range(-(-len(tokens) // self.size) - len(hits))]
+        self.tables[seq], self.tokens[seq], self.extra[seq] = hits + fresh, list(tokens), extra
+        self.cache_full(seq)
+        return len(hits) * self.size
+
+    def append(self, seq, token) -> None:
+        if len(self.tokens[seq]) % self.size == 0:
+            self.tables[seq].append(self.take())
+        self.tokens[seq].append(token)
+        self.cache_full(seq)
+
+    def free(self, seq) -> None:
+        for block in reversed(self.tables.pop(seq)):
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self.lru.append(block)
+        del self.tokens[seq], self.extra[seq], self.keyed[seq]
+
+
+class _Harness:
+    def __init__(self, cls: type, num_blocks: int, block_size: int) -> None:
+        self.size = block_size
+        self.log = [f"bm = PrefixCachingBlockManager({num_blocks}, {block_size})"]
+        self.bm = self._call(lambda: cls(num_blocks, block_size), "PrefixCachingBlockManager")
+        self.model = _Model(num_blocks, block_size)
+        self.pool: dict[int, tuple] = {}
+
+    def fail(self, problem: str, idea: str = "") -> None:
+        steps = "; ".join(self.log[-10:])
+        more = "... " if len(self.log) > 10 else ""
+        raise AssertionError(f"After {more}{steps}: {problem}" + (f" {idea}" if idea else ""))
+
+    def _call(self, action: Callable, name: str):
+        try:
+            return action()
+        except NotImplementedError:
+            raise AssertionError(not_written(name)) from None
+
+    def _state(self) -> tuple:
+        seqs = sorted(self.model.tables)
+        return ({s: self.bm.block_table(s) for s in seqs},
+                [self.bm.ref_count(b) for b in range(len(self.model.refs))],
+                self.bm.num_free_blocks(), list(self.bm.evictable_blocks()))
+
+    def _marker(self, seq: int, position: int) -> tuple:
+        tokens = self.model.tokens[seq]
+        return (self.model.extra[seq], tuple(tokens[:position + 1]))
+
+    def _write(self, seq: int, positions) -> None:
+        table = self.bm.block_table(seq)
+        for p in positions:
+            self.pool[table[p // self.size] * self.size + p % self.size] = self._marker(seq, p)
+
+    def verify(self) -> None:
+        model = self.model
+        for seq, table in model.tables.items():
+            got = self.bm.block_table(seq)
+            if got != table:
+                self.fail(f"sequence {seq}'s block table is {got}, expected {table}.",
+                          "Hits come first (the cached blocks of the longest cached prefix), "
+                          "then fresh blocks, each the least recently used free block.")
+        for block, refs in enumerate(model.refs):
+            if self.bm.ref_count(block) != refs:
+                self.fail(f"block {block}'s reference count is {self.bm.ref_count(block)}, "
+                          f"expected {refs}.")
+            if self.bm.is_cached(block) != (block in model.key_of):
+                state = "cached" if self.bm.is_cached(block) else "not cached"
+                self.fail(f"block {block} is {state}; expected the opposite.",
+                          "A block is cached once it is full; it loses its key only when it "
+                          "is evicted (taken for new content). An evicted block must forget "
+                          "its key, or a later prompt would reuse KV of another prefix.")
+        for block in self.bm.evictable_blocks():
+            if model.refs[block] > 0:
+                holder = next(s for s, t in model.tables.items() if block in t)
+                self.fail(f"block {block} is evictable while sequence {holder} still uses it.",
+                          "Only a block whose reference count reached zero may be evicted.")
+        evictable = [b for b in model.lru if b in model.key_of]
+        if list(self.bm.evictable_blocks()) != evictable or self.bm.num_free_blocks() != len(
+                model.lru):
+            self.fail(f"free blocks {self.bm.num_free_blocks()} and evictable (LRU first) "
+                      f"{list(self.bm.evictable_blocks())}; expected {len(model.lru)} and "
+                      f"{evictable}.", "Freed blocks join the LRU end, a sequence's tail "
+                      "first, so its prefix outlives its tail; a revived block leaves the "
+                      "free queue.")
+        for seq, tokens in model.tokens.items():
+            table = self.bm.block_table(seq)
+            for p in range(len(tokens)):
+                found = self.pool.get(table[p // self.size] * self.size + p % self.size)
+                if found != self._marker(seq, p):
+                    self.fail(f"sequence {seq}'s position {p} reads KV computed for another "
+                              "prefix.", "A hit must return exactly this prefix's KV.")
+
+    def _unchanged(self, before: tuple, operation: str) -> None:
+        if self._state() != before:
+            self.fail(f"{operation} raised NoFreeBlocksError but changed the pool.",
+                      "Check capacity first: fresh blocks plus revived cached blocks (they "
+                      "leave the free queue too) must fit in the free blocks; all or nothing.")
+
+    def allocate(self, seq: int, tokens: list[int], extra: tuple = ()) -> None:
+        text = f"bm.allocate({seq}, {tokens}{', ' + repr(extra) if extra else ''})"
+        self.log.append(text)
+        before, admits = self._state(), self.model.admits(tokens, extra)
+        try:
+            hits = self._call(lambda: self.bm.allocate(seq, tokens, extra), "allocate")
+        except NoFreeBlocksError:
+            if admits:
+                self.fail("it raised NoFreeBlocksError, but the prompt fits.")
+            self._unchanged(before, "allocate")
+            return
+        except AssertionError:
+            raise
+        except Exception as exc:
+            self.fail(f"{text} raised {type(exc).__name__}: {exc}.",
+                      "" if admits else "This prompt does not fit: raise NoFreeBlocksError "
+                      "before changing anything (count revived cached blocks as taken).")
+        if not admits:
+            self.fail("it allocated a prompt that does not fit.",
+                      "Revived cached blocks leave the free queue: count them against the free "
+                      "blocks along with the fresh ones.")
+        cap = ((len(tokens) - 1) // self.size if tokens else 0) * self.size
+        expected = len(self.model.hits(tokens, extra)) * self.size
+        if hits != expected:
+            why = ("At most (n - 1) // block_size blocks may hit, so the last token is always "
+                   "computed (its logits are needed)." if hits > cap else
+                   "Hits are the longest run of cached full blocks from the start of the "
+                   "prompt, stopping at the first miss.")
+            self.fail(f"it returned {hits} hit tokens, expected {expected}.", why)
+        for block in self.bm.block_table(seq)[expected // self.size:]:
+            if before[1][block] > 0:
+                self.fail(f"it took block {block} for new content while another sequence "
+                          "still holds it.", "Only blocks with no reference can be evicted.")
+        self.model.allocate(seq, tokens, extra)
+        self._write(seq, range(expected, len(tokens)))
+        self.verify()
+
+    def append(self, seq: int, token: int) -> None:
+        text = f"bm.append_slot({seq}, {token})"
+        self.log.append(text)
+        before = self._state()
+        needs = len(self.model.tokens[seq]) % self.size == 0
+        try:
+            got = self._call(lambda: self.bm.append_slot(seq, token), "append_slot")
+        except NoFreeBlocksError:
+            if not needs or self.model.lru:
+                self.fail("it raised NoFreeBlocksError with room to spare.")
+            self._unchanged(before, "append_slot")
+            return
+        except AssertionError:
+            raise
+        except Exception as exc:
+            self.fail(f"{text} raised {type(exc).__name__}: {exc}.")
+        if needs and not self.model.lru:
+            self.fail("it appended with no free block at all.")
+        self.model.append(seq, token)
+        position = len(self.model.tokens[seq]) - 1
+        table = self.model.tables[seq]
+        expected = (table[position // self.size], position % self.size)
+        if tuple(got) != expected:
+            self.fail(f"it returned {tuple(got)}, expected {expected}.")
+        self._write(seq, [position])
+        self.verify()
+
+    def free(self, seq: int) -> None:
+        self.log.append(f"bm.free({seq})")
+        try:
+            self._call(lambda: self.bm.free(seq), "free")
+        except AssertionError:
+            raise
+        except Exception as exc:
+            self.fail(f"it raised {type(exc).__name__}: {exc}.")
+        self.model.free(seq)
+        self.verify()
+
+
+SYSTEM = [101, 102, 103, 104, 105, 106, 107, 108]  # a two-block system prompt (block size 4)
+
+
+def check_take_block(cls: type) -> None:
+    """Given free blocks in LRU order, some of them cached: the oldest is taken, its key is
+    forgotten, and an empty pool raises NoFreeBlocksError."""
+    bm = cls(3, 4)
+    bm.cache, bm.keys = {"k0": 0, "k2": 2}, {0: "k0", 2: "k2"}
+    try:
+        first = bm._take_block()
+    except NotImplementedError:
+        raise AssertionError(not_written("_take_block")) from None
+    if first != 0:
+        raise AssertionError(f"_take_block() returned {first} from free blocks [0, 1, 2] "
+                             "(least recently used first); expected 0.")
+    if bm.is_cached(0) or "k0" in bm.cache:
+        raise AssertionError("_take_block() evicted block 0 but kept its key: a later prompt "
+                             "with that prefix would read new content. Forget the key.")
+    if bm.ref_count(0) != 1 or bm.num_free_blocks() != 2:
+        raise AssertionError("after _take_block() the block must have one reference and "
+                             "leave the free blocks.")
+    bm._take_block()
+    bm._take_block()
+    try:
+        bm._take_block()
+    except NoFreeBlocksError:
+        return
+    except Exception as exc:
+        raise AssertionError(f"_take_block() on an empty pool raised {type(exc).__name__}; "
+                             "expected NoFreeBlocksError.") from exc
+    raise AssertionError("_take_block() on an empty pool returned a block; expected "
+                         "NoFreeBlocksError.")
+
+
+def check_allocate(cls: type) -> None:
+    """Block size 4: two prompts sharing an 8-token system prompt (the second hits 8 tokens);
+    an 8-token prompt hits only 4 (the last token is computed); a prompt that does not fit."""
+    h = _Harness(cls, 8, 4)
+    h.allocate(0, SYSTEM + [1, 2, 3])
+    h.allocate(1, SYSTEM + [4, 5])
+    h.allocate(2, list(SYSTEM))
+    h.allocate(3, SYSTEM + list(range(20)))
+
+
+def check_append_slot(cls: type) -> None:
+    """A decoded block is cached once full, so a later prompt that repeats the conversation
+    hits it; running out raises and changes nothing."""
+    h = _Harness(cls, 6, 4)
+    h.allocate(0, [1, 2, 3])
+    for token in [4, 5, 6, 7, 8]:
+        h.append(0, token)
+    h.allocate(1, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    for token in range(9):
+        h.append(1, 20 + token)
+
+
+def check_free(cls: type) -> None:
+    """Freed blocks stay cached and evictable, tail first; a new prompt revives them (and
+    counts them against capacity); the least recently used is evicted first."""
+    tight = _Harness(cls, 5, 4)  # reviving two cached blocks and taking two fresh ones: no room
+    tight.allocate(0, SYSTEM + [1])
+    tight.allocate(9, [5] * 8)
+    tight.free(0)
+    tight.allocate(1, SYSTEM + [1, 2, 3, 4, 6])
+    tight.allocate(2, SYSTEM + [2])  # fits: two revived blocks, one fresh
+    tight.free(9)
+    tight.allocate(3, SYSTEM + [3])  # shares the system prompt with sequence 2, evicts one
+    tight.free(3)  # the shared blocks stay with sequence 2
+    h = _Harness(cls, 6, 4)
+    h.allocate(0, SYSTEM + [1, 2, 3, 4, 9])
+    h.free(0)
+    h.allocate(1, SYSTEM + [1, 2, 3, 4, 5])
+    h.free(1)
+    h.allocate(2, [9] * 22)
+    h.allocate(3, SYSTEM + [7])
+    h.free(2)
+    h.allocate(4, SYSTEM + [1, 2, 3, 4, 5])
+    try:
+        h.bm.free(99)
+    except (KeyError, ValueError):
+        return
+    except Exception as exc:
+        h.fail(f"bm.free(99) raised {type(exc).__name__}; expected KeyError.")
+    h.fail("bm.free(99) of an unknown sequence raised nothing; expected KeyError.")
+
+
+def _machine(cls: type, operations: set[str]) -> type:
+    prompts = st.lists(st.integers(0, 2), max_size=12)  # few token values: many shared prefixes
+
+    class PrefixCacheMachine(RuleBasedStateMachine):
+        h: _Harness
+        next_id = 0
+
+        @initialize(num_blocks=st.integers(1, 10), block_size=st.sampled_from([1, 2, 3, 4]))
+        def create(self, num_blocks: int, block_size: int) -> None:
+            self.h = _Harness(cls, num_blocks, block_size)
+
+        @rule(tokens=prompts, salted=st.booleans())
+        def allocate(self, tokens: list[int], salted: bool) -> None:
+            self.h.allocate(self.next_id, tokens, ("salt",) if salted else ())
+            self.next_id += 1
+
+        @rule(data=st.data())
+        def append(self, data: st.DataObject) -> None:
+            if self.h.model.tokens and "append" in operations:
+                seq = data.draw(st.sampled_from(sorted(self.h.model.tokens)))
+                self.h.append(seq, data.draw(st.integers(0, 2)))
+
+        @rule(data=st.data())
+        def free(self, data: st.DataObject) -> None:
+            if self.h.model.tokens and "free" in operations:
+                self.h.free(data.draw(st.sampled_from(sorted(self.h.model.tokens))))
+
+        @invariant()
+        def books_balance(self) -> None:
+            if hasattr(self, "h"):
+                self.h.verify()
+
+    return PrefixCacheMachine
+
+
+def _stateful(cls: type, operations: set[str], max_examples: int = 120) -> None:
+    from hypothesis import HealthCheck, settings
+
+    config = settings(max_examples=max_examples, stateful_step_count=30, derandomize=True,
+                      database=None, deadline=None, print_blob=False,
+                      report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+    try:
+        run_state_machine_as_test(_machine(cls, operations), settings=config)
+    except AssertionError as failure:
+        raise AssertionError(str(failure)) from None
+
+
+def check_take_block_thoroughly(cls: type) -> None:
+    """Random prompts into small pools: every fresh block is the least recently used one."""
+    _stateful(cls, {"free"})
+
+
+def check_allocate_thoroughly(cls: type) -> None:
+    """Random prompts with shared prefixes and salts into random small pools."""
+    _stateful(cls, set())
+
+
+def check_append_slot_thoroughly(cls: type) -> None:
+    """Random interleavings of allocate and append_slot."""
+    _stateful(cls, {"append"})
+
+
+def check_free_thoroughly(cls: type) -> None:
+    """The visible scenarios, then random interleavings of every operation, with eviction,
+    revival and the sentinel."""
+    check_free(cls)
+    _stateful(cls, {"append", "free"}, max_examples=200)
