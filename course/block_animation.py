@@ -13,6 +13,7 @@ from html import escape
 import ipywidgets as widgets
 
 from course.block_scenarios import Frame, Operation, record
+from course.player import frame_player
 
 _COLOURS = ["#8ecae6", "#ffb703", "#90be6d", "#f28482", "#b392ac", "#f4a261", "#84a59d",
             "#cdb4db"]
@@ -80,25 +81,8 @@ def frame_html(frames: list[Frame], step: int) -> str:
 
 def allocation_animation(frames: list[Frame], interval_ms: int = 900) -> widgets.VBox:
     """Play / Step / slider controls over a recorded trace."""
-    last = len(frames) - 1
-    play = widgets.Play(value=0, min=0, max=last, step=1, interval=interval_ms,
-                        description="play")
-    slider = widgets.IntSlider(value=0, min=0, max=last, description="step")
-    widgets.jslink((play, "value"), (slider, "value"))
-    back = widgets.Button(description="◀ step", layout=widgets.Layout(width="80px"))
-    forward = widgets.Button(description="step ▶", layout=widgets.Layout(width="80px"))
-    back.add_class("kv-step-back")
-    forward.add_class("kv-step-forward")
-    view = widgets.HTML(frame_html(frames, 0))
-    view.add_class("kv-block-animation-view")
-
-    def show(change: dict) -> None:
-        view.value = frame_html(frames, change["new"])
-
-    slider.observe(show, names="value")
-    back.on_click(lambda _: setattr(slider, "value", max(0, slider.value - 1)))
-    forward.on_click(lambda _: setattr(slider, "value", min(last, slider.value + 1)))
-    return widgets.VBox([widgets.HBox([play, back, forward, slider]), view])
+    return frame_player(lambda step: frame_html(frames, step), len(frames),
+                        "kv-block-animation", interval_ms)
 
 
 def animate(manager_class: type, reference_class: type, num_blocks: int, block_size: int,

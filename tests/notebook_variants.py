@@ -43,12 +43,12 @@ def from_module(module: object, names: list[str]) -> dict[str, str]:
     return {name: source_named(getattr(module, name), name) for name in names}
 
 
-def class_solution(module: object, class_name: str) -> str:
-    """All of ``module``, then ``BlockManager = class_name``.
+def class_solution(module: object, class_name: str, bound_name: str) -> str:
+    """All of ``module``, then ``bound_name = class_name``.
 
     Appended to every solution cell, it replaces the notebook's class after each stub, the way
     a learner who wrote their own class from scratch would.
     """
     source = inspect.getsource(module)
     source = re.sub(r"^from __future__ import annotations\n", "", source, flags=re.M)
-    return f"{source}\nBlockManager = {class_name}\n"
+    return f"{source}\n{bound_name} = {class_name}\n"

@@ -58,7 +58,8 @@ def test_solution_full_exercise_zero_alternative_full(chapter, repo, tmp_path):
     names = list(importlib.import_module(f"mutants.ch{chapter.number}").MUTANTS)
     checks = importlib.import_module(f"autograder.checks.ch{chapter.number}")
     if hasattr(checks, "SUBJECT"):  # a class built up in steps: the whole alternative class
-        whole = class_solution(alternative, alternative.ALTERNATIVES[-1].__name__)
+        whole = class_solution(alternative, alternative.ALTERNATIVES[-1].__name__,
+                               checks.SUBJECT)
         solutions = dict.fromkeys(names, whole)
     else:
         solutions = from_module(alternative, names)

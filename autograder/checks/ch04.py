@@ -398,19 +398,20 @@ def check_take_block(cls: type) -> None:
     forgotten, and an empty pool raises NoFreeBlocksError."""
     bm = cls(3, 4)
     bm.cache, bm.keys = {"k0": 0, "k2": 2}, {0: "k0", 2: "k2"}
+    setup = "bm = PrefixCachingBlockManager(3, 4), blocks 0 and 2 cached; bm._take_block()"
     try:
         first = bm._take_block()
     except NotImplementedError:
         raise AssertionError(not_written("_take_block")) from None
     if first != 0:
-        raise AssertionError(f"_take_block() returned {first} from free blocks [0, 1, 2] "
+        raise AssertionError(f"After {setup}: it returned {first} from free blocks [0, 1, 2] "
                              "(least recently used first); expected 0.")
     if bm.is_cached(0) or "k0" in bm.cache:
-        raise AssertionError("_take_block() evicted block 0 but kept its key: a later prompt "
-                             "with that prefix would read new content. Forget the key.")
+        raise AssertionError(f"After {setup}: block 0 was evicted but kept its key, so a later "
+                             "prompt with that prefix would read new content. Forget the key.")
     if bm.ref_count(0) != 1 or bm.num_free_blocks() != 2:
-        raise AssertionError("after _take_block() the block must have one reference and "
-                             "leave the free blocks.")
+        raise AssertionError(f"After {setup}: the block must have one reference and leave the "
+                             "free blocks.")
     bm._take_block()
     bm._take_block()
     try:
@@ -418,10 +419,10 @@ def check_take_block(cls: type) -> None:
     except NoFreeBlocksError:
         return
     except Exception as exc:
-        raise AssertionError(f"_take_block() on an empty pool raised {type(exc).__name__}; "
-                             "expected NoFreeBlocksError.") from exc
-    raise AssertionError("_take_block() on an empty pool returned a block; expected "
-                         "NoFreeBlocksError.")
+        raise AssertionError(f"After {setup} three more times: an empty pool raised "
+                             f"{type(exc).__name__}; expected NoFreeBlocksError.") from exc
+    raise AssertionError(f"After {setup} three more times: an empty pool returned a block; "
+                         "expected NoFreeBlocksError.")
 
 
 def check_allocate(cls: type) -> None:
@@ -524,8 +525,53 @@ def _stateful(cls: type, operations: set[str], max_examples: int = 120) -> None:
 
 
 def check_take_block_thoroughly(cls: type) -> None:
-    """Random prompts into small pools: every fresh block is the least recently used one."""
-    _stateful(cls, {"free"})
+    """Random takes and releases on pools with random cached blocks, against an LRU list: the
+    block taken is always the least recently used, and it is always uncached afterwards."""
+
+    @st.composite
+    def cases(draw):
+        size = draw(st.integers(1, 8))
+        cached = draw(st.sets(st.integers(0, size - 1)))
+        ops = draw(st.lists(st.tuples(st.booleans(), st.integers(0, 7)), max_size=30))
+        return size, sorted(cached), ops
+
+    def run(case) -> None:
+        size, cached, ops = case
+        bm = cls(size, 4)
+        bm.cache = {f"key-{b}": b for b in cached}
+        bm.keys = {b: f"key-{b}" for b in cached}
+        lru, held = list(range(size)), []
+        log = [f"bm = PrefixCachingBlockManager({size}, 4), blocks {cached} cached"]
+        for take, pick in ops:
+            if take or not held:
+                log.append("bm._take_block()")
+                if not lru:
+                    try:
+                        bm._take_block()
+                    except NoFreeBlocksError:
+                        continue
+                    except NotImplementedError:
+                        raise AssertionError(not_written("_take_block")) from None
+                    raise AssertionError(f"After {'; '.join(log)}: an empty pool must raise "
+                                         "NoFreeBlocksError.")
+                try:
+                    got = bm._take_block()
+                except NotImplementedError:
+                    raise AssertionError(not_written("_take_block")) from None
+                expected = lru.pop(0)
+                if got != expected or bm.is_cached(got) or f"key-{got}" in bm.cache:
+                    raise AssertionError(
+                        f"After {'; '.join(log)}: it returned block {got}, expected {expected} "
+                        f"(least recently used), with its key forgotten. Forget the key of an "
+                        "evicted block, and take from the LRU end.")
+                held.append(got)
+            else:
+                block = held.pop(pick % len(held))
+                log.append(f"bm._release_block({block})")
+                bm._release_block(block)
+                lru.append(block)
+
+    for_all(cases(), run, max_examples=150)
 
 
 def check_allocate_thoroughly(cls: type) -> None:

@@ -1,0 +1,59 @@
+"""Chapter 4's workloads, serving loop, tree picture and key counterexample, on the reference."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from course import prefix_sim
+from course.prefix_cache import PrefixCachingBlockManager, block_key, prefix_keys
+from course.prefix_tree import prefix_tree_player, record_tree
+
+
+def test_three_requests_with_a_500_token_system_prompt():
+    user = 225
+    three = prefix_sim.chat(3, system_prompt=500, mean_user=user, seed=7, sigma=0)
+    exact = prefix_sim.serve(three, 1, 4096, max_running=1)
+    assert exact.hit_tokens == 2 * 500 and exact.prompt_tokens == 3 * (500 + user)
+    assert exact.hit_rate == pytest.approx(0.46, abs=0.005)
+    blocks = prefix_sim.serve(three, 16, 4096, max_running=1)
+    assert blocks.hit_tokens == 2 * 496  # 31 full blocks of the 500-token prompt
+
+
+def test_a_shared_prefix_shorter_than_a_block_never_hits():
+    mix = prefix_sim.chat(20, system_prompt=12, mean_user=30, mean_output=10, seed=3)
+    assert prefix_sim.serve(mix, 16, 4096).hit_tokens == 0
+    assert prefix_sim.serve(mix, 4, 16384).hit_tokens > 0
+
+
+def test_multi_turn_saves_prefill_but_not_memory():
+    report = prefix_sim.serve(prefix_sim.multi_turn(6), 16, 2048)
+    assert report.hit_rate > 0.5
+    assert report.memory_saved == pytest.approx(0)
+
+
+def test_concurrent_shared_prefixes_save_memory():
+    report = prefix_sim.serve(prefix_sim.chat(30), 16, 2048)
+    assert report.memory_saved > 0.3 and report.hit_rate > 0.5
+
+
+def test_hashing_a_block_alone_confuses_prefixes_that_chaining_tells_apart():
+    a, b = [11, 12, 13, 14, 50, 51, 52, 53], [21, 22, 23, 24, 50, 51, 52, 53]
+    assert block_key("root", a[4:]) == block_key("root", b[4:])
+    assert prefix_keys(a, 4)[1] != prefix_keys(b, 4)[1]
+
+
+def test_the_tree_player_shows_shared_and_evictable_blocks():
+    requests = prefix_sim.chat(4, system_prompt=20, mean_user=6, mean_output=5, seed=1)
+    script = [("arrive", 0), ("arrive", 1), ("leave", 0), ("arrive", 2), ("leave", 1),
+              ("arrive", 3), ("leave", 2), ("leave", 3)]
+    frames = record_tree(PrefixCachingBlockManager(14, 4), requests, script)
+    assert len(frames) == len(script) + 1
+    assert max(frame.refs[b] for frame in frames for b in frame.refs) >= 2  # shared prefix
+    assert frames[-1].evictable and all(r == 0 for r in frames[-1].refs.values())
+    widget = prefix_tree_player(frames)
+    slider, view = widget.children[0].children[3], widget.children[1]
+    slider.value = 3
+    root = re.search(r'<div class="kv-prefix-tree"([^>]*)>', view.value).group(1)
+    assert 'data-step="3"' in root and f'data-evictable="{len(frames[3].evictable)}"' in root
