@@ -79,18 +79,36 @@ def expect_raises(
                          f"raise {names}. {idea}")
 
 
+def _settings(max_examples: int, **extra: Any) -> Any:
+    """Derandomized (the same cases every run, so a grade never changes), no example database
+    (nothing is written next to the notebook), one report: the shrunk, smallest failure."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+                    print_blob=False, report_multiple_bugs=False,
+                    suppress_health_check=list(HealthCheck), **extra)
+
+
+def run_stateful(machine: type, max_examples: int, steps: int) -> None:
+    """Run a hypothesis ``RuleBasedStateMachine``; a failure's hint is the smallest failing
+    sequence of operations (the machine's own message), without hypothesis' report."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    try:
+        run_state_machine_as_test(machine, settings=_settings(max_examples,
+                                                              stateful_step_count=steps))
+    except AssertionError as failure:
+        raise AssertionError(str(failure)) from None
+
+
 def for_all(strategy: Any, check: Callable[[Any], None], max_examples: int = 150) -> None:
     """Run ``check`` on cases drawn by the hypothesis ``strategy``.
 
-    Derandomized (the same cases every run, so a grade never changes) and without an example
-    database (nothing is written next to the notebook). When a case fails, hypothesis shrinks
-    it and the hint shows the smallest failing input.
+    When a case fails, hypothesis shrinks it and the hint shows the smallest failing input.
     """
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import given
 
-    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-              print_blob=False, report_multiple_bugs=False,
-              suppress_health_check=list(HealthCheck))
+    @_settings(max_examples)
     @given(strategy)
     def run(case: Any) -> None:
         check(case)

@@ -22,10 +22,9 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 
-from autograder.checks._helpers import not_written
+from autograder.checks._helpers import not_written, run_stateful
 from course.block_manager import CopyOnWrite, NoFreeBlocksError
 
 SUBJECT = "BlockManager"  # these checks take the learner's class, not a function
@@ -389,15 +388,7 @@ def _machine(cls: type, operations: set[str]) -> type:
 
 
 def _stateful(cls: type, operations: set[str], max_examples: int = 120) -> None:
-    from hypothesis import HealthCheck, settings
-
-    config = settings(max_examples=max_examples, stateful_step_count=40, derandomize=True,
-                      database=None, deadline=None, print_blob=False,
-                      report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
-    try:
-        run_state_machine_as_test(_machine(cls, operations), settings=config)
-    except AssertionError as failure:
-        raise AssertionError(str(failure)) from None
+    run_stateful(_machine(cls, operations), max_examples, steps=40)
 
 
 def check_allocate_thoroughly(cls: type) -> None:

@@ -21,10 +21,9 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 
-from autograder.checks._helpers import for_all, not_written
+from autograder.checks._helpers import for_all, not_written, run_stateful
 from course.block_manager import NoFreeBlocksError
 
 SUBJECT = "PrefixCachingBlockManager"  # the manager checks take the learner's class
@@ -513,15 +512,7 @@ def _machine(cls: type, operations: set[str]) -> type:
 
 
 def _stateful(cls: type, operations: set[str], max_examples: int = 120) -> None:
-    from hypothesis import HealthCheck, settings
-
-    config = settings(max_examples=max_examples, stateful_step_count=30, derandomize=True,
-                      database=None, deadline=None, print_blob=False,
-                      report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
-    try:
-        run_state_machine_as_test(_machine(cls, operations), settings=config)
-    except AssertionError as failure:
-        raise AssertionError(str(failure)) from None
+    run_stateful(_machine(cls, operations), max_examples, steps=30)
 
 
 def check_take_block_thoroughly(cls: type) -> None:
