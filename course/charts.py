@@ -110,3 +110,32 @@ def block_size_sweep_chart(sweeps: dict[str, list]) -> go.Figure:
     figure.update_yaxes(type="log", title_text="entries", row=1, col=2)
     figure.update_layout(template="plotly_white", height=420)
     return figure
+
+
+def lines_chart(x: list, series: dict[str, list[float]], title: str, x_title: str,
+                y_title: str, log_x: bool = False) -> go.Figure:
+    """One line per series over a shared x axis."""
+    figure = go.Figure()
+    for name, values in series.items():
+        figure.add_trace(go.Scatter(x=x, y=values, mode="lines+markers", name=name))
+    figure.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title,
+                         template="plotly_white", height=420)
+    if log_x:
+        figure.update_xaxes(type="log")
+    return figure
+
+
+def serving_timeline_chart(timeline, title: str) -> go.Figure:
+    """Queue length, batch size, blocks used and preemptions against simulated time."""
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                           subplot_titles=("waiting requests", "running requests (batch)",
+                                           "KV blocks in use", "preemptions per step"))
+    for row, values in enumerate([timeline.waiting, timeline.running, timeline.used_blocks,
+                                  timeline.preemptions], start=1):
+        figure.add_trace(go.Scatter(x=timeline.time, y=values, mode="lines",
+                                    showlegend=False), row, 1)
+    figure.update_xaxes(title_text="simulated time (s)", row=4, col=1)
+    figure.update_layout(title=title, template="plotly_white", height=720)
+    return figure

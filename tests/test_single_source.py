@@ -31,6 +31,12 @@ def _solution_functions(notebook: nbformat.NotebookNode) -> dict[str, ast.Functi
     return functions
 
 
+def _skeleton_classes(notebook: nbformat.NotebookNode) -> set[str]:
+    return {node.name for cell in notebook.cells
+            if cell.metadata.get("nbgrader", {}).get("grade_id", "").startswith("skeleton")
+            for node in ast.parse(cell.source).body if isinstance(node, ast.ClassDef)}
+
+
 def _normalised(node: ast.FunctionDef) -> str:
     """The AST, with the docstring's indentation normalised (a method's docstring is indented
     one level deeper in its class than the same function in a notebook cell)."""
@@ -40,14 +46,17 @@ def _normalised(node: ast.FunctionDef) -> str:
     return ast.dump(node)
 
 
-def _library_function(module, name: str):
-    """A top-level function of ``module``, or the method of that name of a class in it."""
+def _library_function(module, name: str, classes: set[str]):
+    """A top-level function of ``module``, or the method of that name of a class in it (of
+    the notebook's skeleton class, when several classes define it)."""
     if inspect.isfunction(vars(module).get(name)):
         return vars(module)[name]
     owners = [c for c in vars(module).values()
               if inspect.isclass(c) and c.__module__ == module.__name__
               and inspect.isfunction(vars(c).get(name))
               and vars(c)[name].__code__.co_filename == module.__file__]  # not generated
+    if len(owners) > 1:
+        owners = [c for c in owners if c.__name__ in classes]
     assert len(owners) == 1, f"{module.__name__} has no single definition of {name}"
     return vars(owners[0])[name]
 
@@ -60,7 +69,7 @@ def test_library_reference_is_the_solution_code(chapter):
     solved = _solution_functions(notebook)
     assert solved, f"{chapter.name} has no solution functions"
     for name, node in solved.items():
-        source = inspect.getsource(_library_function(module, name))
+        source = inspect.getsource(_library_function(module, name, _skeleton_classes(notebook)))
         library = ast.parse(textwrap.dedent(source)).body[0]
         # comments (the BEGIN/END SOLUTION markers) are not in the AST; everything else must match
         assert _normalised(node) == _normalised(library), (
