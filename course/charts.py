@@ -139,3 +139,26 @@ def serving_timeline_chart(timeline, title: str) -> go.Figure:
     figure.update_xaxes(title_text="simulated time (s)", row=4, col=1)
     figure.update_layout(title=title, template="plotly_white", height=720)
     return figure
+
+
+def decode_intensity_chart(batches: list[int], weights_intensity: list[float],
+                           attention_intensity: list[float], ridges: dict[str, float]
+                           ) -> go.Figure:
+    """FLOPs per byte read in a decode step against batch size: the weight matmuls (whose
+    bytes the batch shares) and attention (whose KV bytes it does not), against GPUs' ridge
+    points (peak FLOP/s over bandwidth: below it a kernel is memory-bound)."""
+    figure = go.Figure()
+    figure.add_trace(go.Scatter(x=batches, y=weights_intensity, mode="lines+markers",
+                                name="weight matmuls"))
+    figure.add_trace(go.Scatter(x=batches, y=attention_intensity, mode="lines+markers",
+                                name="attention over the KV cache"))
+    for name, ridge in ridges.items():
+        figure.add_trace(go.Scatter(x=[batches[0], batches[-1]], y=[ridge, ridge],
+                                    mode="lines+text", text=[name, ""],
+                                    textposition="top right", showlegend=False,
+                                    line=dict(dash="dot", color="grey", width=1)))
+    figure.update_layout(title="Decode: FLOPs per byte read vs batch size",
+                         xaxis_title="batch (sequences)", yaxis_title="FLOPs per byte",
+                         xaxis_type="log", yaxis_type="log", template="plotly_white",
+                         height=420)
+    return figure

@@ -22,7 +22,7 @@ def learner_or_reference(
     """
     name = getattr(learner, "__name__", "your function")
     try:
-        agrees = learner(**probe) == reference(**probe)
+        agrees = _same(learner(**probe), reference(**probe))
     except NotImplementedError:
         print(f"Note: {name} is not written yet, so this uses the course's reference version.")
         return reference
@@ -36,3 +36,13 @@ def learner_or_reference(
         return reference
     print(f"Using your {name}.")
     return learner
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values; tensors equal within float tolerance."""
+    if hasattr(a, "shape") and hasattr(b, "shape"):
+        import torch
+
+        return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), atol=1e-4,
+                                                          rtol=1e-3, equal_nan=True))
+    return bool(a == b)

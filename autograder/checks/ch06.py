@@ -30,7 +30,7 @@ def _call(fn: Callable, name: str, *args):
         raise AssertionError(f"{name} raised {type(exc).__name__}: {exc}") from exc
 
 
-class _Case:
+class PagedCase:
     """Sequences of the given lengths in a NaN-filled pool with shuffled physical blocks."""
 
     def __init__(self, lengths, block_size, q_heads, kv_heads, head_dim=16,
@@ -96,7 +96,7 @@ _ATTENTION_IDEA = ("Each query head h attends with scale x (q . k) over the sequ
                    "finds token t at block_tables[seq, t // block_size], offset t % block_size.")
 
 
-def _check_attention_output(out, case: _Case, name: str) -> None:
+def _check_attention_output(out, case: PagedCase, name: str) -> None:
     if not isinstance(out, torch.Tensor) or out.shape != case.query.shape:
         raise AssertionError(f"{name} on {case.describe()} returned "
                              f"{getattr(out, 'shape', type(out).__name__)}, expected a tensor of "
@@ -170,7 +170,7 @@ def check_write_kv_thoroughly(fn: Callable) -> None:
 # --- paged_decode_attention ------------------------------------------------------------------
 
 
-def _attention(fn: Callable, case: _Case) -> None:
+def _attention(fn: Callable, case: PagedCase) -> None:
     out = _call(fn, "paged_decode_attention", case.query, case.k_cache, case.v_cache,
                 case.tables, case.seq_lens, case.scale)
     _check_attention_output(out, case, "paged_decode_attention")
@@ -179,7 +179,7 @@ def _attention(fn: Callable, case: _Case) -> None:
 def check_paged_decode_attention(fn: Callable) -> None:
     """Two sequences of 5 and 9 tokens, blocks of 4 shuffled in a NaN-filled pool, 4 query
     heads over 2 KV heads."""
-    _attention(fn, _Case([5, 9], 4, 4, 2))
+    _attention(fn, PagedCase([5, 9], 4, 4, 2))
 
 
 def check_paged_decode_attention_thoroughly(fn: Callable) -> None:
@@ -189,7 +189,7 @@ def check_paged_decode_attention_thoroughly(fn: Callable) -> None:
         ([523, 12], 8, 5, 1, torch.float32), ([64, 33], 32, 4, 4, torch.float32),
         ([1, 37, 200], 16, 8, 2, torch.float16),
     ]:
-        _attention(fn, _Case(lengths, block_size, q, kv, dtype=dtype))
+        _attention(fn, PagedCase(lengths, block_size, q, kv, dtype=dtype))
 
 
 # --- merge_partials -------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def check_merge_partials_thoroughly(fn: Callable) -> None:
 # --- blockwise_decode_attention --------------------------------------------------------------
 
 
-def _blockwise(fn: Callable, case: _Case) -> None:
+def _blockwise(fn: Callable, case: PagedCase) -> None:
     outs = [_call(fn, "blockwise_decode_attention", case.query[s], case.k_cache, case.v_cache,
                   case.tables[s], case.lengths[s], case.scale) for s in range(len(case.lengths))]
     if not all(isinstance(o, torch.Tensor) for o in outs):
@@ -252,14 +252,14 @@ def _blockwise(fn: Callable, case: _Case) -> None:
 
 def check_blockwise_decode_attention(fn: Callable) -> None:
     """One block at a time equals all at once: lengths 5 and 9, blocks of 4."""
-    _blockwise(fn, _Case([5, 9], 4, 4, 2))
+    _blockwise(fn, PagedCase([5, 9], 4, 4, 2))
 
 
 def check_blockwise_decode_attention_thoroughly(fn: Callable) -> None:
     """Lengths 1, 37 and 523 over block sizes 1, 8 and 32, with GQA."""
-    _blockwise(fn, _Case([1, 37, 523], 32, 8, 2))
-    _blockwise(fn, _Case([37, 12], 1, 4, 4))
-    _blockwise(fn, _Case([523], 8, 5, 1))
+    _blockwise(fn, PagedCase([1, 37, 523], 32, 8, 2))
+    _blockwise(fn, PagedCase([37, 12], 1, 4, 4))
+    _blockwise(fn, PagedCase([523], 8, 5, 1))
 
 
 # --- decode_step -----------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def _steps(fn: Callable, prompts, steps, block_size, q_heads, kv_heads, head_dim
     decode_step, each checked against scaled_dot_product_attention over contiguous K/V."""
     gen = torch.Generator().manual_seed(SEED + sum(prompts))
     finals = [p + steps for p in prompts]
-    case = _Case(finals, block_size, q_heads, kv_heads, head_dim)  # tables with room for all
+    case = PagedCase(finals, block_size, q_heads, kv_heads, head_dim)  # tables with room for all
     contiguous_k = [case.keys[s][:prompts[s]] for s in range(len(prompts))]
     contiguous_v = [case.values[s][:prompts[s]] for s in range(len(prompts))]
     for seq in range(len(prompts)):  # unused future slots: garbage

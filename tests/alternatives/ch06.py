@@ -18,10 +18,21 @@ def write_kv(k_cache, v_cache, key, value, slot_mapping):
 
 
 def paged_decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale):
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = query.shape[1] // kv_heads
     out = torch.zeros_like(query)
     for seq in range(query.shape[0]):
-        out[seq] = blockwise_decode_attention(query[seq], k_cache, v_cache, block_tables[seq],
-                                              int(seq_lens[seq]), scale)
+        length = int(seq_lens[seq])
+        keys, values = [], []
+        for position in range(length):  # walk the positions, block by block
+            block = int(block_tables[seq, position // block_size])
+            keys.append(k_cache[block, position % block_size])
+            values.append(v_cache[block, position % block_size])
+        k = torch.stack(keys).double()  # [length, kv_heads, head_dim]
+        v = torch.stack(values).double()
+        for head in range(query.shape[1]):
+            scores = k[:, head // group] @ query[seq, head].double() * scale
+            out[seq, head] = (torch.softmax(scores, 0) @ v[:, head // group]).to(query.dtype)
     return out
 
 
