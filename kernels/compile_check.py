@@ -21,9 +21,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-TARGETS = {"sm_80 (A100)": GPUTarget("cuda", 80, 32), "sm_90 (H100/H200)": GPUTarget("cuda", 90, 32)}
+TARGETS = {"sm_80 (A100)": GPUTarget("cuda", 80, 32),
+           "sm_90 (H100/H200)": GPUTarget("cuda", 90, 32)}
 DTYPES = ("fp32", "fp16", "bf16")
-INTEGER_ARGS = {"blocks_per_split", "num_splits"}
 
 
 def _signature(kernel, dtype: str, index_type: str) -> dict[str, str]:
@@ -56,8 +56,10 @@ def configurations(quick: bool = False):
 
     decode = (one_block_kernel, block_loop_kernel, gqa_kernel, paged_attention_kernel,
               split_kv_kernel)
-    shapes = ((128, 16, 4),) if quick else itertools.product((64, 128, 256), (16, 32), (1, 4, 8))
-    for (head_dim, block_size, group), kernel, dtype in itertools.product(shapes, decode, DTYPES):
+    shapes = ((128, 16, 4),) if quick else itertools.product((64, 128, 256), (16, 32),
+                                                             (1, 4, 8))
+    for (head_dim, block_size, group), kernel, dtype in itertools.product(shapes, decode,
+                                                                          DTYPES):
         yield kernel, dtype, {"GROUP": group, "GROUP_PAD": max(16, group),
                               "BLOCK_SIZE": block_size, "HEAD_DIM": head_dim}
     if quick:
