@@ -162,3 +162,29 @@ def decode_intensity_chart(batches: list[int], weights_intensity: list[float],
                          xaxis_type="log", yaxis_type="log", template="plotly_white",
                          height=420)
     return figure
+
+
+def decode_bandwidth_chart(rows: list[dict], ceilings: dict[str, float], title: str
+                           ) -> go.Figure:
+    """Bandwidth of a decode step per shape (GB/s, log x: bytes the step moves), one marker
+    series per block size and length mix, with each bandwidth ceiling as a line. ``rows``
+    carry ``bytes``, ``bandwidth``, ``batch``, ``context``, ``block_size`` and ``mix``."""
+    figure = go.Figure()
+    for block_size, mix in sorted({(r["block_size"], r["mix"]) for r in rows}):
+        chosen = [r for r in rows if (r["block_size"], r["mix"]) == (block_size, mix)]
+        figure.add_trace(go.Scatter(
+            x=[r["bytes"] / GB for r in chosen], y=[r["bandwidth"] / GB for r in chosen],
+            mode="markers", name=f"block {block_size}, {mix}",
+            text=[f"batch {r['batch']}, context {r['context']}" for r in chosen],
+            hovertemplate="%{text}: %{y:.0f} GB/s<extra></extra>",
+        ))
+    span = [min(r["bytes"] for r in rows) / GB, max(r["bytes"] for r in rows) / GB]
+    for name, bandwidth in ceilings.items():
+        figure.add_trace(go.Scatter(
+            x=span, y=[bandwidth / GB] * 2, mode="lines+text", text=[name, ""],
+            textposition="top right", line=dict(dash="dot", color="grey", width=1),
+            showlegend=False, hoverinfo="skip", textfont=dict(color="grey"),
+        ))
+    figure.update_layout(title=title, xaxis_title="bytes one decode step moves (GB)",
+                         yaxis_title="GB/s", xaxis_type="log", template="plotly_white")
+    return figure

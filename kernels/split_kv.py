@@ -104,13 +104,17 @@ def merge_splits_kernel(
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_blocks: int,
                       device: torch.device) -> int:
-    """How many splits per sequence: enough programs for about two per multiprocessor, each
-    with at least ``MIN_BLOCKS_PER_SPLIT`` blocks; 1 off a GPU, or when the batch alone fills
-    the GPU."""
+    """How many splits per sequence on ``device``: 1 off a GPU, else ``splits_for`` its
+    multiprocessor count."""
     if device.type != "cuda":
         return 1
     multiprocessors = torch.cuda.get_device_properties(device).multi_processor_count
-    programs = num_seqs * num_kv_heads
+    return splits_for(num_seqs * num_kv_heads, multiprocessors, max_blocks)
+
+
+def splits_for(programs: int, multiprocessors: int, max_blocks: int) -> int:
+    """Enough splits for about two programs per multiprocessor, each with at least
+    ``MIN_BLOCKS_PER_SPLIT`` blocks; 1 when the batch alone fills the GPU."""
     if programs >= multiprocessors:
         return 1
     wanted = triton.cdiv(2 * multiprocessors, programs)

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+import course
+
+course.setup(quiet=True)  # before any kernel module is imported: Triton reads the mode then
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: alternatives, mutants
 

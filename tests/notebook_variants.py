@@ -19,7 +19,7 @@ PREAMBLE = "import math\nimport sys\nimport warnings\nfrom fractions import Frac
 
 def source_named(fn: Callable, name: str) -> str:
     """``fn``'s source, with its ``def`` renamed to ``name``."""
-    source = textwrap.dedent(inspect.getsource(fn))
+    source = textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn)))  # a kernel: its function
     return re.sub(r"^def \w+\(", f"def {name}(", source, count=1, flags=re.M)
 
 

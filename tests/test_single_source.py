@@ -49,8 +49,10 @@ def _normalised(node: ast.FunctionDef) -> str:
 def _library_function(module, name: str, classes: set[str]):
     """A top-level function of ``module``, or the method of that name of a class in it (of
     the notebook's skeleton class, when several classes define it)."""
-    if inspect.isfunction(vars(module).get(name)):
-        return vars(module)[name]
+    found = vars(module).get(name)
+    found = getattr(found, "fn", found)  # a Triton kernel wraps its Python function
+    if inspect.isfunction(found):
+        return found
     owners = [c for c in vars(module).values()
               if inspect.isclass(c) and c.__module__ == module.__name__
               and inspect.isfunction(vars(c).get(name))

@@ -1,0 +1,101 @@
+"""Chapter 7's library beyond its checks: split-KV through the wrapper, the GPU compile of
+every kernel, the benchmark's refusal on the CPU and its byte count, and the GPU-only runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import alternatives.ch07 as alternative
+import pytest
+import torch
+
+from autograder.checks.ch07 import KernelCase, on_gpu
+from kernels import paged_attention as course_kernels
+from kernels.bench import bytes_moved, lengths_for
+from kernels.split_kv import run_split_kv, splits_for
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 7, 40])
+@pytest.mark.parametrize("kernels", ["course", "alternative"])
+def test_split_kv_equals_one_pass(kernels, num_splits):
+    case = KernelCase([1, 37, 200, 16], 8 if not on_gpu() else 16, 8, 2, seed=11)
+    args = (case.query, case.k_cache, case.v_cache, case.tables, case.seq_lens, case.scale)
+    one_pass = course_kernels.paged_attention(*args, num_splits=1)
+    module = course_kernels if kernels == "course" else alternative
+    split = run_split_kv(module.split_kv_kernel, module.merge_splits_kernel, *args, num_splits)
+    torch.testing.assert_close(split, one_pass, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(split.cpu(), case.reference(), atol=1e-5, rtol=1e-4)
+
+
+def test_split_counts_fill_the_gpu_without_tiny_splits():
+    assert splits_for(programs=8, multiprocessors=132, max_blocks=2048) == 33  # 264 programs
+    assert splits_for(programs=8, multiprocessors=132, max_blocks=64) == 4  # 16 blocks each
+    assert splits_for(programs=8, multiprocessors=132, max_blocks=10) == 1
+    assert splits_for(programs=512, multiprocessors=132, max_blocks=2048) == 1
+
+
+def test_the_wrapper_returns_bf16_computed_in_fp32_on_the_interpreter():
+    case = KernelCase([37, 5], 4 if not on_gpu() else 16, 4, 1, dtype=torch.bfloat16)
+    out = course_kernels.paged_attention(case.query, case.k_cache, case.v_cache, case.tables,
+                                         case.seq_lens, case.scale)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.cpu().float(), case.reference().float(), atol=2e-2,
+                               rtol=5e-2)
+
+
+def test_every_kernel_compiles_for_sm80_and_sm90_without_a_gpu():
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    environment["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--quick"],
+                          capture_output=True, text=True, env=environment, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every configuration compiled" in done.stdout
+    assert done.stdout.count("ok   sm_90") == done.stdout.count("ok   sm_80") >= 16
+
+
+def test_the_compile_check_refuses_the_interpreter():
+    done = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--quick"],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert done.returncode == 2 and "unset TRITON_INTERPRET" in done.stdout
+
+
+@pytest.mark.skipif(on_gpu(), reason="this machine has a GPU: the benchmark would run")
+@pytest.mark.parametrize("interpret", ["1", None], ids=["interpreter", "plain-cpu"])
+def test_the_benchmark_refuses_without_a_gpu(interpret, tmp_path):
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        environment["TRITON_INTERPRET"] = interpret
+    done = subprocess.run([sys.executable, "-m", "kernels.bench", "--out",
+                           str(tmp_path / "r.json")], capture_output=True, text=True,
+                          env=environment, timeout=120)
+    assert done.returncode == 2
+    assert ("TRITON_INTERPRET=1 is set" if interpret else "no CUDA GPU here") in done.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_bytes_moved_counts_kv_once_per_kv_head_plus_rows_tables_and_lengths():
+    # 36 tokens x 8 KV heads x 128 x 2 bytes, for K and V; 2 query/output rows of 32 x 128;
+    # 1 + 2 table entries and 2 lengths of 4 bytes
+    expected = 2 * 36 * 8 * 128 * 2 + 2 * 2 * 32 * 128 * 2 + 4 * 3 + 4 * 2
+    assert bytes_moved([16, 20], 32, 8, 128, 16, 2) == expected
+
+
+def test_skewed_lengths_are_reproducible_and_reach_the_context():
+    lengths = lengths_for(64, 4096, "skewed")
+    assert lengths == lengths_for(64, 4096, "skewed")
+    assert lengths[0] == 4096 and all(1 <= n <= 4096 for n in lengths)
+    assert sorted(lengths)[32] < 4096 / 2  # most are far shorter
+    assert lengths_for(3, 512, "uniform") == [512, 512, 512]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_gpu(), reason="needs a CUDA GPU (the interpreter runs the small "
+                    "shapes in test_checks.py)")
+def test_production_shapes_on_the_gpu():
+    from autograder.checks.ch07_gpu import check_production_shapes
+
+    check_production_shapes(course_kernels.paged_attention)
+    check_production_shapes(alternative.paged_attention)
