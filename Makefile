@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 PORT ?= 8888
 
-.PHONY: setup lab test lint exercises bench doctor wheel clean
+.PHONY: setup lab test lint exercises bench bench-kernels gpu-check doctor wheel clean
 
 setup: $(VENV)/.installed
 
@@ -47,6 +47,15 @@ exercises: setup
 # Benchmarks print figures; they are not tests.
 bench: setup
 	$(BIN)/python -m course.bench
+
+# Chapter 7's kernel on a GPU (refuses on a CPU); writes kernels/results/<GPU>.json.
+bench-kernels: setup
+	$(BIN)/python -m kernels.bench
+
+# On a GPU machine: the GPU tests (production shapes), then the kernel benchmark.
+gpu-check: setup
+	$(BIN)/python -m pytest -m gpu -rs
+	$(BIN)/python -m kernels.bench
 
 doctor: setup
 	$(BIN)/python -m course doctor
