@@ -1,0 +1,300 @@
+"""Chapter 8: a paged serving engine for the tiny model, built from the course's pieces.
+
+    requests --> Scheduler (chapter 5) --plan--> copies: copy-on-write, swap out, swap in
+                   |  BlockManager (chapter 3)        |
+                   v                                  v
+                 prefill: whole context, K/V written through the slot mapping (chapter 6)
+                 decode:  one token per sequence, paged attention over the block tables
+                 emit tokens; finish done requests (their blocks return to the pool)
+
+One step of ``serve``: new arrivals join the waiting queue; ``Scheduler.step`` reserves a slot
+for every running sequence (preempting the newest when the pool is short), swaps in and admits;
+the engine performs the step's block copies, prefills what was admitted, decodes the rest, and
+finishes what is done. Copies run in a fixed order before any K/V is written: copy-on-write
+(reads blocks as they stood), swap out (reads the victims' blocks), swap in (may write into
+blocks a swap-out or copy just read).
+
+Parallel sampling: a request with ``n`` > 1 is forked after its prefill into ``n`` branches
+sharing its blocks; branch k takes the k-th most likely first token, then each goes on
+greedily. The functions marked "solution" are the solution cells of
+``solutions/08_capstone_paged_serving.ipynb``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from course.block_manager import BlockManager, CopyOnWrite, Slot
+from course.block_scenarios import Frame
+from course.scheduler import Request, Scheduler, StepPlan
+from course.tiny_model import TinyModel, causal_attention
+from kernels.paged_attention_ref import paged_decode_attention, write_kv
+
+
+@dataclass
+class GenRequest(Request):
+    """A request with its tokens: ``prompt``, and ``output`` as generated (with the logits
+    each token was chosen from). ``n`` > 1 asks for that many parallel-sampling branches."""
+
+    prompt: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    n: int = 1
+    branch: int = 0  # k > 0: took the k-th most likely first token of its parent
+
+    @property
+    def tokens(self) -> list[int]:
+        """The request's context: prompt, then every generated token."""
+        return self.prompt + self.output
+
+    def emit(self, token: int, logits: torch.Tensor) -> None:
+        self.output.append(token)
+        self.logits.append(logits)
+        self.generated += 1
+
+
+def make_request(request_id: int, prompt: list[int], output_len: int, arrival: int = 0,
+                 n: int = 1) -> GenRequest:
+    return GenRequest(request_id, len(prompt), output_len, arrival, prompt=list(prompt), n=n)
+
+
+class CopyRecordingBlockManager(BlockManager):
+    """Chapter 3's BlockManager, keeping the copy-on-write orders that ``append_slot``
+    returns (the scheduler reserves slots but does not pass them on) for the engine."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self.copies: list[CopyOnWrite] = []
+
+    def append_slot(self, seq_id: int) -> Slot:
+        slot = super().append_slot(seq_id)
+        if slot.copy is not None:
+            self.copies.append(slot.copy)
+        return slot
+
+
+@dataclass
+class KVPool:
+    """Per layer, K and V of every block: [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @classmethod
+    def empty(cls, model: TinyModel, num_blocks: int, block_size: int) -> KVPool:
+        """Filled with NaN: a read of a slot nothing wrote poisons the output at once."""
+        c = model.config
+        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        return cls([torch.full(shape, float("nan")) for _ in range(c.num_layers)],
+                   [torch.full(shape, float("nan")) for _ in range(c.num_layers)])
+
+    def copy_blocks(self, into: KVPool, pairs: list[tuple[int, int]],
+                    num_slots: int | None = None) -> None:
+        """Copy block src of this pool to block dst of ``into`` for each (src, dst)."""
+        for layer in range(len(self.k)):
+            for src, dst in pairs:
+                into.k[layer][dst, :num_slots] = self.k[layer][src, :num_slots]
+                into.v[layer][dst, :num_slots] = self.v[layer][src, :num_slots]
+
+
+@dataclass
+class DecodeBatch:
+    """The tensors one decode step needs, one row per sequence."""
+
+    positions: torch.Tensor  # [num_seqs] int64: the position of the token being decoded
+    slot_mapping: torch.Tensor  # [num_seqs] int64: where its K/V go in the pool
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
+    seq_lens: torch.Tensor  # [num_seqs] int32: tokens to attend over, the new one included
+
+
+def build_decode_batch(manager: BlockManager, seq_ids: list[int]) -> DecodeBatch:
+    """The decode batch of ``seq_ids``, whose slots ``manager`` has just reserved (their
+    lengths already count the token being decoded)."""
+    tables = [manager.block_table(seq_id) for seq_id in seq_ids]
+    lengths = [manager.seq_len(seq_id) for seq_id in seq_ids]
+    block_size = manager.block_size
+    positions = [length - 1 for length in lengths]
+    slots = [table[p // block_size] * block_size + p % block_size
+             for table, p in zip(tables, positions, strict=True)]
+    width = max(len(table) for table in tables)
+    padded = [table + [0] * (width - len(table)) for table in tables]
+    return DecodeBatch(torch.tensor(positions, dtype=torch.int64),
+                       torch.tensor(slots, dtype=torch.int64),
+                       torch.tensor(padded, dtype=torch.int32),
+                       torch.tensor(lengths, dtype=torch.int32))
+
+
+def paged_decode_step(model: TinyModel, tokens: torch.Tensor, batch: DecodeBatch,
+                      pool: KVPool, attention: Callable = paged_decode_attention
+                      ) -> torch.Tensor:
+    """One decode step of ``tokens`` [num_seqs] through the paged cache: at every layer,
+    write the new K/V at the batch's slots, then attend through the block tables. Returns
+    the logits [num_seqs, vocab]."""
+    x = model.embed(tokens)
+    for layer in range(model.config.num_layers):
+        q, k, v = model.qkv(layer, x, batch.positions)
+        write_kv(pool.k[layer], pool.v[layer], k, v, batch.slot_mapping)
+        out = attention(q, pool.k[layer], pool.v[layer], batch.block_tables, batch.seq_lens,
+                        model.scale)
+        x = model.finish_layer(layer, x, out)
+    return model.logits(x)
+
+
+def prefill_slots(manager: BlockManager, seq_id: int) -> torch.Tensor:
+    """The flat slot of each of the sequence's positions 0 .. seq_len - 1."""
+    table, block_size = manager.block_table(seq_id), manager.block_size
+    positions = torch.arange(manager.seq_len(seq_id))
+    return torch.tensor(table)[positions // block_size] * block_size + positions % block_size
+
+
+def paged_prefill(model: TinyModel, tokens: list[int], slots: torch.Tensor,
+                  pool: KVPool) -> torch.Tensor:
+    """Run a whole context (positions 0 .. n - 1): write its K/V at ``slots`` and attend
+    causally over them (prefill reads its own fresh K/V, as prefill kernels do). Returns the
+    last position's logits [vocab]."""
+    x = model.embed(torch.tensor(tokens))
+    positions = torch.arange(len(tokens))
+    for layer in range(model.config.num_layers):
+        q, k, v = model.qkv(layer, x, positions)
+        write_kv(pool.k[layer], pool.v[layer], k, v, slots)
+        x = model.finish_layer(layer, x, causal_attention(q, k, v, model.scale))
+    return model.logits(x[-1:])[0]
+
+
+@dataclass
+class StepRecord:
+    """What one engine step did, for charts and the animation."""
+
+    step: int
+    running: int  # sequences holding GPU blocks after the step
+    waiting: int
+    swapped: int
+    used_blocks: int
+    stored_tokens: int  # K/V slots holding a token
+    event: str
+
+
+class PagedEngine:
+    """The tiny model behind a Scheduler, a copy-recording BlockManager and a KV pool.
+
+    ``attention`` is the paged decode attention: chapter 6's PyTorch reference by default;
+    chapter 7's ``kernels.paged_attention.paged_attention`` runs the Triton kernel (on the
+    interpreter without a GPU: correct and slow). ``build_batch`` and ``decode_step`` are the
+    chapter's first two TODOs (the course's versions by default).
+    """
+
+    def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
+                 preemption: str = "recompute", cpu_blocks: int = 0, max_num_seqs: int = 64,
+                 attention: Callable = paged_decode_attention,
+                 build_batch: Callable = build_decode_batch,
+                 decode_step: Callable = paged_decode_step) -> None:
+        self.model = model
+        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=1 << 20, watermark=0.0,
+                                   preemption=preemption, cpu_blocks=cpu_blocks)
+        self.scheduler.gpu = CopyRecordingBlockManager(num_blocks, block_size)
+        self.gpu_pool = KVPool.empty(model, num_blocks, block_size)
+        self.cpu_pool = KVPool.empty(model, max(cpu_blocks, 1), block_size)
+        self.attention, self.build_batch, self.decode_step = attention, build_batch, decode_step
+        self.records: list[StepRecord] = []
+        self.frames: list[Frame] = []
+        self.rejected: list[GenRequest] = []
+        self._branch_ids = 0
+
+    @property
+    def blocks(self) -> BlockManager:
+        return self.scheduler.gpu
+
+    def busy(self) -> bool:
+        s = self.scheduler
+        return bool(s.waiting or s.running or s.swapped)
+
+    def apply_copies(self, plan: StepPlan) -> None:
+        """The step's block copies, before any K/V is written: copy-on-write, swap out, swap
+        in (in that order; see the module's docstring)."""
+        for copy in self.blocks.copies:
+            self.gpu_pool.copy_blocks(self.gpu_pool, [(copy.src, copy.dst)], copy.num_slots)
+        for _, pairs in plan.swapped_out:
+            self.gpu_pool.copy_blocks(self.cpu_pool, pairs)
+        for _, pairs in plan.swapped_in:
+            self.cpu_pool.copy_blocks(self.gpu_pool, pairs)
+        self.rejected.extend(request for request, _ in plan.rejected)
+
+    def prefill(self, request: GenRequest, tokens: list[int]) -> torch.Tensor:
+        """Prefill ``tokens`` (the request's whole context) into its blocks; the logits of
+        the token that follows them."""
+        slots = prefill_slots(self.blocks, request.id)[:len(tokens)]
+        return paged_prefill(self.model, tokens, slots, self.gpu_pool)
+
+    def decode(self, requests: list[GenRequest]) -> torch.Tensor:
+        """One decode step of every request in ``requests`` (slots already reserved)."""
+        batch = self.build_batch(self.blocks, [r.id for r in requests])
+        last = torch.tensor([r.output[-1] for r in requests])
+        return self.decode_step(self.model, last, batch, self.gpu_pool, self.attention)
+
+    def start_branches(self, parent: GenRequest, logits: torch.Tensor) -> list[GenRequest]:
+        """Fork ``parent`` (just prefilled, its first token emitted) into ``parent.n`` - 1
+        more branches sharing its blocks; branch k emits the k-th most likely token."""
+        choices = logits.topk(parent.n).indices.tolist()
+        branches = []
+        for k in range(1, parent.n):
+            self._branch_ids += 1
+            child = GenRequest(-self._branch_ids, parent.prompt_len, parent.output_len,
+                               parent.arrival, prompt=list(parent.prompt), branch=k)
+            child.emit(choices[k], logits)
+            self.blocks.fork(parent.id, child.id)
+            self.scheduler.running.append(child)
+            branches.append(child)
+        return branches
+
+    def record(self, step: int, plan: StepPlan) -> None:
+        """Note the step for the charts and the animation; clear its copy-on-write orders."""
+        s, blocks = self.scheduler, self.blocks
+        parts = [f"{len(plan.prefill)} prefill", f"{len(plan.decode)} decode"]
+        parts += [f"preempted {r.id}" for r in plan.preempted]
+        parts += [f"swapped in {r.id}" for r, _ in plan.swapped_in]
+        parts += [f"copy-on-write {c.src}->{c.dst}" for c in blocks.copies]
+        event = f"step {step}: " + ", ".join(parts)
+        self.records.append(StepRecord(step, len(s.running), len(s.waiting), len(s.swapped),
+                                       blocks.num_blocks - blocks.num_free_blocks(),
+                                       sum(blocks.lengths.values()), event))
+        first_copy = blocks.copies[0] if blocks.copies else None
+        self.frames.append(Frame(
+            event, {k: list(v) for k, v in blocks.tables.items()}, dict(blocks.lengths),
+            list(blocks.ref_counts), blocks.num_free_blocks(),
+            None if first_copy is None else (first_copy.src, first_copy.dst,
+                                             first_copy.num_slots)))
+        blocks.copies.clear()
+
+
+def serve(engine: PagedEngine, requests: list[GenRequest], max_steps: int = 10_000
+          ) -> list[GenRequest]:
+    """Run ``requests`` (each joining at step ``arrival``) to completion; return every
+    finished request, parallel-sampling branches included."""
+    pending = sorted(requests, key=lambda r: r.arrival)
+    finished: list[GenRequest] = []
+    for step in range(max_steps):
+        if not pending and not engine.busy():
+            return finished
+        while pending and pending[0].arrival <= step:
+            engine.scheduler.add(pending.pop(0))
+        plan = engine.scheduler.step()
+        engine.apply_copies(plan)
+        for request in plan.prefill:
+            logits = engine.prefill(request, request.tokens)
+            request.emit(int(logits.argmax()), logits)
+            if request.n > 1 and request.generated == 1:
+                engine.start_branches(request, logits)
+        if plan.decode:
+            logits = engine.decode(plan.decode)
+            for request, row in zip(plan.decode, logits, strict=True):
+                request.emit(int(row.argmax()), row)
+        for request in list(engine.scheduler.running):
+            if request.done:
+                engine.scheduler.finish(request)
+                finished.append(request)
+        engine.record(step, plan)
+    raise RuntimeError(f"requests still unfinished after {max_steps} steps")
