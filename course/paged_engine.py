@@ -22,6 +22,7 @@ greedily. The functions marked "solution" are the solution cells of
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -86,10 +87,10 @@ class KVPool:
     @classmethod
     def empty(cls, model: TinyModel, num_blocks: int, block_size: int) -> KVPool:
         """Filled with NaN: a read of a slot nothing wrote poisons the output at once."""
-        c = model.config
+        c, device = model.config, model.embedding.device
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        return cls([torch.full(shape, float("nan")) for _ in range(c.num_layers)],
-                   [torch.full(shape, float("nan")) for _ in range(c.num_layers)])
+        return cls([torch.full(shape, float("nan"), device=device) for _ in range(c.num_layers)],
+                   [torch.full(shape, float("nan"), device=device) for _ in range(c.num_layers)])
 
     def copy_blocks(self, into: KVPool, pairs: list[tuple[int, int]],
                     num_slots: int | None = None) -> None:
@@ -108,6 +109,10 @@ class DecodeBatch:
     slot_mapping: torch.Tensor  # [num_seqs] int64: where its K/V go in the pool
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
     seq_lens: torch.Tensor  # [num_seqs] int32: tokens to attend over, the new one included
+
+    def to(self, device: torch.device | str) -> DecodeBatch:
+        return DecodeBatch(*(t.to(device) for t in (self.positions, self.slot_mapping,
+                                                     self.block_tables, self.seq_lens)))
 
 
 def build_decode_batch(manager: BlockManager, seq_ids: list[int]) -> DecodeBatch:
@@ -155,13 +160,24 @@ def paged_prefill(model: TinyModel, tokens: list[int], slots: torch.Tensor,
     """Run a whole context (positions 0 .. n - 1): write its K/V at ``slots`` and attend
     causally over them (prefill reads its own fresh K/V, as prefill kernels do). Returns the
     last position's logits [vocab]."""
-    x = model.embed(torch.tensor(tokens))
-    positions = torch.arange(len(tokens))
+    device = model.embedding.device
+    x = model.embed(torch.tensor(tokens, device=device))
+    positions = torch.arange(len(tokens), device=device)
     for layer in range(model.config.num_layers):
         q, k, v = model.qkv(layer, x, positions)
-        write_kv(pool.k[layer], pool.v[layer], k, v, slots)
+        write_kv(pool.k[layer], pool.v[layer], k, v, slots.to(device))
         x = model.finish_layer(layer, x, causal_attention(q, k, v, model.scale))
     return model.logits(x[-1:])[0]
+
+
+def default_attention(device: torch.device, block_size: int) -> Callable:
+    """Chapter 7's Triton kernel on a CUDA GPU (blocks of 16 or more), else chapter 6's
+    PyTorch reference."""
+    if device.type == "cuda" and block_size >= 16 and os.environ.get("TRITON_INTERPRET") != "1":
+        from kernels.paged_attention import paged_attention
+
+        return paged_attention
+    return paged_decode_attention
 
 
 @dataclass
@@ -180,15 +196,17 @@ class StepRecord:
 class PagedEngine:
     """The tiny model behind a Scheduler, a copy-recording BlockManager and a KV pool.
 
-    ``attention`` is the paged decode attention: chapter 6's PyTorch reference by default;
-    chapter 7's ``kernels.paged_attention.paged_attention`` runs the Triton kernel (on the
-    interpreter without a GPU: correct and slow). ``build_batch`` and ``decode_step`` are the
-    chapter's first two TODOs (the course's versions by default).
+    ``attention`` is the paged decode attention; by default chapter 7's Triton kernel
+    (``kernels.paged_attention.paged_attention``) when the model is on a CUDA GPU and blocks
+    hold at least 16 tokens (what ``tl.dot`` needs there), else chapter 6's PyTorch
+    reference. Pass the kernel explicitly to run it on the interpreter (correct and slow).
+    ``build_batch`` and ``decode_step`` are the chapter's first two TODOs (the course's
+    versions by default).
     """
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
                  preemption: str = "recompute", cpu_blocks: int = 0, max_num_seqs: int = 64,
-                 attention: Callable = paged_decode_attention,
+                 attention: Callable | None = None,
                  build_batch: Callable = build_decode_batch,
                  decode_step: Callable = paged_decode_step) -> None:
         self.model = model
@@ -198,6 +216,8 @@ class PagedEngine:
         self.scheduler.gpu = CopyRecordingBlockManager(num_blocks, block_size)
         self.gpu_pool = KVPool.empty(model, num_blocks, block_size)
         self.cpu_pool = KVPool.empty(model, max(cpu_blocks, 1), block_size)
+        if attention is None:
+            attention = default_attention(model.embedding.device, block_size)
         self.attention, self.build_batch, self.decode_step = attention, build_batch, decode_step
         self.records: list[StepRecord] = []
         self.frames: list[Frame] = []
@@ -231,8 +251,9 @@ class PagedEngine:
 
     def decode(self, requests: list[GenRequest]) -> torch.Tensor:
         """One decode step of every request in ``requests`` (slots already reserved)."""
-        batch = self.build_batch(self.blocks, [r.id for r in requests])
-        last = torch.tensor([r.output[-1] for r in requests])
+        device = self.model.embedding.device
+        batch = self.build_batch(self.blocks, [r.id for r in requests]).to(device)
+        last = torch.tensor([r.output[-1] for r in requests], device=device)
         return self.decode_step(self.model, last, batch, self.gpu_pool, self.attention)
 
     def start_branches(self, parent: GenRequest, logits: torch.Tensor) -> list[GenRequest]:

@@ -124,14 +124,16 @@ def generate_contiguous(model: TinyModel, prompt: list[int], max_new_tokens: int
     """Greedy generation with a contiguous KV cache per layer: the new tokens, and the logits
     each was chosen from. ``first_token`` overrides the first choice (a parallel-sampling
     branch that took another token there)."""
-    c = model.config
-    keys = [torch.empty(0, c.num_kv_heads, c.head_dim) for _ in range(c.num_layers)]
-    values = [torch.empty(0, c.num_kv_heads, c.head_dim) for _ in range(c.num_layers)]
+    c, device = model.config, model.embedding.device
+    keys = [torch.empty(0, c.num_kv_heads, c.head_dim, device=device)
+            for _ in range(c.num_layers)]
+    values = [torch.empty(0, c.num_kv_heads, c.head_dim, device=device)
+              for _ in range(c.num_layers)]
     tokens, all_logits = list(prompt), []
-    new = torch.tensor(prompt)
+    new = torch.tensor(prompt, device=device)
     while len(all_logits) < max_new_tokens:
         past = len(tokens) - len(new)
-        positions = torch.arange(past, len(tokens))
+        positions = torch.arange(past, len(tokens), device=device)
         x = model.embed(new)
         for layer in range(c.num_layers):
             q, k, v = model.qkv(layer, x, positions)
@@ -145,5 +147,5 @@ def generate_contiguous(model: TinyModel, prompt: list[int], max_new_tokens: int
             choice = first_token
         all_logits.append(logits)
         tokens.append(choice)
-        new = torch.tensor([choice])
+        new = torch.tensor([choice], device=device)
     return tokens[len(prompt):], all_logits
