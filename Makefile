@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 PORT ?= 8888
 
-.PHONY: setup lab test lint exercises bench bench-kernels gpu-check doctor wheel clean
+.PHONY: setup lab test lint exercises bench bench-kernels bench-grading gpu-check doctor wheel clean
 
 setup: $(VENV)/.installed
 
@@ -51,6 +51,10 @@ bench: setup
 # Chapter 7's kernel on a GPU (refuses on a CPU); writes kernels/results/<GPU>.json.
 bench-kernels: setup
 	$(BIN)/python -m kernels.bench
+
+# Notebooks graded per minute for a synthetic class of 50 (about 15 minutes on 2 cores).
+bench-grading: setup
+	$(BIN)/python -m autograder.bench --learners 50 --jobs 1 2
 
 # On a GPU machine: the GPU tests (production shapes), then the kernel benchmark.
 gpu-check: setup

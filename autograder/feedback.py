@@ -1,0 +1,47 @@
+"""A learner's feedback page: their graded notebook as HTML, with the score of every test and
+each failing test's hint, but not the source of the hidden tests or Python tracebacks."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import nbformat
+from nbconvert import HTMLExporter
+
+from autograder.report import NotebookResult
+
+_HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
+
+
+def feedback_notebook(executed: Path, result: NotebookResult) -> nbformat.NotebookNode:
+    """The executed notebook with a score table on top, hidden-test regions removed from the
+    test cells, and every error output replaced by its test's hint."""
+    notebook = nbformat.read(executed, as_version=4)
+    by_id = {t.id: t for t in result.tests}
+    for cell in notebook.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell.cell_type != "code":
+            continue
+        cell.source = _HIDDEN.sub("# (hidden tests)\n", cell.source)
+        test = by_id.get(grade_id)
+        kept = [o for o in cell.get("outputs", []) if o.get("output_type") != "error"]
+        if test is not None and not test.passed:
+            kept.append(nbformat.v4.new_output("stream", name="stdout",
+                                               text=f"FAILED: {test.message}\n"))
+        cell.outputs = kept
+    rows = "".join(
+        f"<tr><td>{html.escape(t.id)}</td><td>{t.points:g} / {t.max_points:g}</td>"
+        f"<td>{'pass' if t.passed else html.escape(t.message)}</td></tr>" for t in result.tests)
+    summary = (f"<h2>{html.escape(result.chapter)}: {result.score:g} / {result.max_score:g}"
+               f"</h2><p>graded on {html.escape(result.runtime)}</p><table><tr><th>test</th>"
+               f"<th>points</th><th>result</th></tr>{rows}</table>")
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(summary))
+    return notebook
+
+
+def write_feedback(executed: Path, result: NotebookResult, destination: Path) -> None:
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    body, _ = HTMLExporter().from_notebook_node(feedback_notebook(executed, result))
+    destination.write_text(body, encoding="utf-8")

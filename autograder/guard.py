@@ -1,0 +1,91 @@
+"""Keeping a notebook's own code from switching off the checks that grade it.
+
+A learner's cells run in the same Python process as the test cells, so they could replace a
+check (``ch01.check_x = lambda f: None``), patch what checks rely on (``torch.allclose =
+lambda *a, **k: True``) or swap a checks module in ``sys.modules``. Two defences:
+
+1. ``arm()`` runs in the first code cell (``course.setup()``, a locked cell nbgrader restores
+   from the source, so it runs before any learner code) when the notebook is being graded. It
+   imports every checks module and records the identity of everything in them and of the
+   library functions and builtins they use. ``verify()``, the first line of every test cell
+   (also restored from the source), raises ``AssertionError`` naming anything that changed
+   since, so the test scores zero.
+2. ``suspicious_code`` runs in the grader's own process on the submitted source: a cell the
+   learner wrote or changed that mentions the grader, the gradebook or ``sys.modules``, or
+   rebinds builtins, is reported, and the notebook scores zero (see ``pipeline``).
+
+Limits, stated plainly: code running in the grading kernel can always defeat in-process
+checks with enough effort (for example by patching this module before ``verify`` runs). These
+defences stop the direct ways; for a hostile class, grade inside a container or as an
+unprivileged user, and read the notebooks these defences flag.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import math
+import pkgutil
+import re
+
+_RECORD: dict[str, int] | None = None
+
+_BUILTINS = ("isinstance", "len", "all", "any", "getattr", "setattr", "hasattr", "id", "sorted",
+             "abs", "max", "min", "sum", "range", "zip", "repr", "str", "float", "int", "list",
+             "dict", "set", "tuple", "type", "print", "AssertionError", "Exception")
+
+
+def _watched() -> dict[str, object]:
+    """Everything whose replacement would change what a check concludes, by a stable name."""
+    import torch
+
+    import autograder.checks as package
+
+    watched: dict[str, object] = {f"builtins.{name}": getattr(builtins, name)
+                                  for name in _BUILTINS}
+    watched["math.isclose"] = math.isclose
+    for name in ("allclose", "equal", "isclose", "isnan", "testing"):
+        watched[f"torch.{name}"] = getattr(torch, name)
+    watched["torch.testing.assert_close"] = torch.testing.assert_close
+    watched["torch.Tensor.__eq__"] = torch.Tensor.__eq__
+    modules = ["autograder.guard"] + [f"autograder.checks.{m.name}"
+                                      for m in pkgutil.iter_modules(package.__path__)]
+    for module_name in modules:
+        module = importlib.import_module(module_name)
+        watched[f"sys.modules[{module_name}]"] = module
+        for attribute, value in vars(module).items():
+            if not attribute.startswith("__") and attribute != "_RECORD":
+                watched[f"{module_name}.{attribute}"] = value
+    return watched
+
+
+def arm() -> None:
+    """Record what the checks rely on (once per kernel, before any learner code runs)."""
+    global _RECORD
+    if _RECORD is None:
+        _RECORD = {name: id(value) for name, value in _watched().items()}
+
+
+def verify() -> None:
+    """Raise ``AssertionError`` when anything recorded by ``arm()`` was replaced; do nothing
+    when the guard was never armed (a learner running the notebook, not the grader)."""
+    if _RECORD is None:
+        return
+    now = {name: id(value) for name, value in _watched().items()}
+    changed = sorted(name for name, ident in _RECORD.items() if now.get(name) != ident)
+    if changed:
+        raise AssertionError("This test does not count: code in this notebook replaced what "
+                             f"the checks use ({', '.join(changed[:5])}). Remove it.")
+
+
+_SUSPICIOUS = re.compile(
+    r"\bautograder\b|\bnbgrader\b|\bbuiltins\b|__builtins__|sys\.modules|gradebook")
+
+
+def suspicious_code(source: str) -> str | None:
+    """The first line of ``source`` that reaches for the grader or rebinds builtins, if any."""
+    for line in source.splitlines():
+        code = line.split("#", 1)[0]
+        if _SUSPICIOUS.search(code):
+            return line.strip()
+    return None

@@ -1,0 +1,244 @@
+"""Hostile, broken and damaged submissions, graded as one class through the CLI.
+
+Every case starts from a released exercise filled in with the course's solutions (full marks,
+``autograder.synthetic``), then breaks one thing. Cases rotate over every chapter. The whole
+class is graded by one ``grade-all --jobs 2`` run; each case must get exactly its expected
+score, the honest learners theirs, the batch must finish in bounded time, and the gradebook
+must hold exactly the graded submissions.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import CHAPTERS
+
+from autograder import synthetic
+from autograder.chapters import EXERCISES
+
+pytestmark = pytest.mark.pipeline
+
+BY_NUMBER = {c.number: c for c in CHAPTERS}
+
+
+def _nb(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def _grade_cells(notebook) -> list:
+    return [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade")]
+
+
+def full_marks(number: str) -> float:
+    return sum(c.metadata["nbgrader"]["points"] for c in _grade_cells(_nb(
+        BY_NUMBER[number].source)))
+
+
+def solved(number: str) -> nbformat.NotebookNode:
+    return synthetic.solved(BY_NUMBER[number])
+
+
+def broken(number: str, code: str, wrong_answer: bool = False) -> nbformat.NotebookNode:
+    return synthetic.broken(BY_NUMBER[number], code, wrong_answer)
+
+
+def _fake_outputs(number: str) -> nbformat.NotebookNode:
+    notebook = _nb(EXERCISES / f"{BY_NUMBER[number].name}.ipynb")  # stubs: nothing solved
+    for cell in _grade_cells(notebook):
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="passes\n")]
+        cell.execution_count = 1
+    return notebook
+
+
+def _edited(number: str, edit) -> nbformat.NotebookNode:
+    notebook = solved(number)
+    edit(notebook)
+    return notebook
+
+
+def _drop_first_test(notebook) -> None:
+    first = _grade_cells(notebook)[0]
+    notebook.cells = [c for c in notebook.cells if c is not first]
+
+
+def _empty_tests(notebook) -> None:
+    for cell in _grade_cells(notebook):
+        cell.source = "pass"
+
+
+def _tests_last(notebook) -> None:
+    tests = _grade_cells(notebook)
+    notebook.cells = [c for c in notebook.cells if c not in tests] + tests
+
+
+def _inflate_points(notebook) -> None:
+    for cell in _grade_cells(notebook):
+        cell.metadata["nbgrader"]["points"] = 100
+
+
+def _rename_first_test(notebook) -> None:
+    _grade_cells(notebook)[0].metadata["nbgrader"]["grade_id"] = "test_free_points"
+
+
+def _unlock_everything(notebook) -> None:
+    for cell in notebook.cells:
+        if cell.metadata.get("nbgrader", {}).get("locked"):
+            cell.metadata["nbgrader"]["locked"] = False
+            cell.source = "pass"
+
+
+def _duplicate_tests(notebook) -> None:
+    doubled = []
+    for cell in notebook.cells:
+        doubled.append(cell)
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            doubled.append(copy.deepcopy(cell))
+    notebook.cells = doubled
+
+
+def _huge(number: str) -> nbformat.NotebookNode:
+    """50 MB of (fake) output in an added cell: nbgrader clears outputs before running."""
+    notebook = solved(number)
+    blob = nbformat.v4.new_code_cell("print('done')")
+    blob.outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 50_000_000)]
+    notebook.cells.append(blob)
+    return notebook
+
+
+_WRITES_AROUND = '''
+import glob
+import pathlib
+
+# where the class's database and the other learners' notebooks sit in a shared nbgrader course
+for pattern in ["../../../*.db", "../../../*/*/*/*.ipynb", "../../../*.py"]:
+    for path in glob.glob(pattern):
+        pathlib.Path(path).write_text("overwritten by a learner")
+'''
+
+_OBFUSCATED_PATCH = '''
+import importlib
+checks = importlib.import_module("autogr" + "ader.checks.ch01")
+for name in dir(checks):
+    if name.startswith("check_"):
+        setattr(checks, name, lambda *args, **kwargs: None)
+'''
+
+
+def cases() -> dict[str, tuple[str, nbformat.NotebookNode | bytes, float | None]]:
+    """learner -> (file name, contents, expected score; None: refused with an error line)."""
+    f = {number: full_marks(number) for number in BY_NUMBER}
+    name = {number: f"{chapter.name}.ipynb" for number, chapter in BY_NUMBER.items()}
+    honest = {f"honest-{n}": (name[n], solved(n), f[n]) for n in BY_NUMBER}
+    hostile = {
+        "endless-loop": (name["01"], broken("01", "while True:\n    pass\n"), f["01"] - 3),
+        "long-sleep": (name["02"], broken("02", "import time\ntime.sleep(3600)\n"),
+                       f["02"] - 3),
+        "sys-exit": (name["06"], broken("06", "import sys\nsys.exit()\n"), f["06"] - 3),
+        "os-exit": (name["08"], broken("08", "import os\nos._exit(0)\n"), f["08"] - 3),
+        "keyboard-interrupt": (name["07"], broken("07", "raise KeyboardInterrupt\n"),
+                               f["07"] - 3),
+        "segfault": (name["01"], broken("01", "import ctypes\nctypes.string_at(0)\n"),
+                     f["01"] - 3),
+        "memory-bomb": (name["02"], broken("02", "hoard = bytearray(64 * 2**30)\n"),
+                        f["02"] - 3),
+        "output-flood": (name["06"], broken("06", "for i in range(300_000):\n"
+                                                  "    print('flood', i)\n"), f["06"] - 3),
+        "deleted-test": (name["03"], _edited("03", _drop_first_test), f["03"] - 1),
+        "emptied-tests": (name["04"], _edited("04", _empty_tests), f["04"]),
+        "reordered-tests": (name["05"], _edited("05", _tests_last), f["05"]),
+        "inflated-points": (name["01"], _edited("01", _inflate_points), f["01"]),
+        "renamed-test": (name["02"], _edited("02", _rename_first_test), f["02"] - 1),
+        "unlocked-cells": (name["06"], _edited("06", _unlock_everything), f["06"]),
+        "duplicated-tests": (name["07"], _edited("07", _duplicate_tests), f["07"]),
+        "fake-outputs": (name["08"], _fake_outputs("08"), 0.0),
+        "patched-checks": (name["01"], broken("01", _OBFUSCATED_PATCH, wrong_answer=True),
+                           f["01"] - 3),
+        "named-the-grader": (name["01"], broken(
+            "01", "from autograder.checks import ch01\n\nch01.__dict__.clear()\n",
+            wrong_answer=True), 0.0),
+        "patched-torch": (name["06"], broken(
+            "06", "import torch\ntorch.allclose = lambda *a, **k: True\n\n"
+                  "def decode_step(query, *args):\n    return torch.zeros_like(query)\n"),
+            f["06"] - 3),
+        "writes-everywhere": (name["04"], _edited("04", lambda nb: nb.cells.insert(
+            3, nbformat.v4.new_code_cell(_WRITES_AROUND))), f["04"]),
+        "old-nbformat": (name["05"], nbformat.writes(
+            nbformat.v4.downgrade(solved("05")), version=3).encode(), f["05"]),
+        "wrong-chapter": (name["02"], solved("01"), f["01"]),
+        "fifty-megabytes": (name["08"], _huge("08"), f["08"]),
+        "corrupt-json": (name["03"], b'{"cells": [', None),
+        "empty-file": (name["04"], b"", None),
+    }
+    return honest | hostile
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("class")
+    expected = {}
+    for learner, (file_name, contents, score) in cases().items():
+        path = folder / "uploads" / learner / file_name
+        path.parent.mkdir(parents=True)
+        if isinstance(contents, bytes):
+            path.write_bytes(contents)
+        else:
+            nbformat.write(contents, path)
+        expected[learner] = score
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "grade-all", "uploads", "--jobs", "2",
+         "--cell-timeout", "20", "--notebook-timeout", "300", "--json", "results.json"],
+        cwd=folder, capture_output=True, text=True, timeout=3000)
+    return folder, done, expected, time.monotonic() - started
+
+
+def test_every_case_gets_exactly_its_score(graded):
+    folder, done, expected, _ = graded
+    results = {Path(r["notebook"]).parent.name: r for r in
+               json.loads((folder / "results.json").read_text())}
+    got = {learner: results[learner]["score"] if learner in results else None
+           for learner in expected}
+    assert got == expected, done.stderr[-3000:]
+
+
+def test_refused_files_get_one_error_line_and_the_batch_goes_on(graded):
+    _, done, expected, _ = graded
+    refused = [learner for learner, score in expected.items() if score is None]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == len(refused)
+    for learner in refused:
+        assert any(f"/{learner}/" in line for line in errors)
+    assert done.returncode == 1  # some files could not be graded, and the run says so
+
+
+def test_the_gradebook_holds_exactly_the_graded_submissions(graded):
+    folder, _, expected, _ = graded
+    with open(folder / "grades.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    best: dict[str, float] = {}
+    for row in rows:
+        best[row["student_id"]] = max(best.get(row["student_id"], 0.0), float(row["score"]))
+    assert best == {learner: score for learner, score in expected.items() if score is not None}
+    state = json.loads((folder / "grading-state.json").read_text())
+    assert len(state) == sum(score is not None for score in expected.values())
+
+
+def test_the_batch_finishes_in_bounded_time(graded):
+    *_, seconds = graded
+    assert seconds < 1500, f"the class took {seconds:.0f} s"
+
+
+def test_feedback_pages_show_hints_but_not_hidden_tests(graded):
+    folder, *_ = graded
+    page = (folder / "feedback" / "endless-loop" / f"{BY_NUMBER['01'].name}.html").read_text()
+    assert "ran past its time limit" in page or "CellTimeoutError" in page or "FAILED" in page
+    assert "BEGIN HIDDEN TESTS" not in page and "_thoroughly(" not in page
+    assert "Traceback" not in page
