@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from nbformat.warnings import DuplicateCellId, MissingIDFieldWarning
 from nbgrader.api import Gradebook, MissingEntry
 from sqlalchemy.exc import SAWarning
 
@@ -50,6 +51,12 @@ from autograder.guard import suspicious_code
 from autograder.report import NotebookResult, TestResult, failure_message
 
 COURSE_ID = "paged-kv-course"
+# nbgrader's gradebook API trips SQLAlchemy's session warnings on reads and writes alike; they
+# say nothing to an instructor, and on stderr they would bury the error lines that matter.
+# Likewise nbformat's notices that it gave a learner's copied or id-less cells new ids. Set
+# once for the process (``catch_warnings`` is not thread-safe, and grading uses threads).
+for _quiet in (SAWarning, DuplicateCellId, MissingIDFieldWarning):
+    warnings.filterwarnings("ignore", category=_quiet)
 # A Python warning on stderr (say, a library's DeprecationWarning) must not zero a test cell:
 # nbgrader scores any stderr output as a failure, so IgnorePattern drops these outputs first.
 WARNING_ON_STDERR = r"(?m)^.*:\d+: \w*Warning: "
@@ -194,8 +201,7 @@ class GradingCourse:
         the grader's last write."""
         self._check_untouched()
         points = {t.id: t.points for t in result.tests}
-        with warnings.catch_warnings(), Gradebook(self.db_url, COURSE_ID) as gradebook:
-            warnings.simplefilter("ignore", SAWarning)  # nbgrader's own session handling
+        with Gradebook(self.db_url, COURSE_ID) as gradebook:
             gradebook.update_or_create_student(learner)
             try:
                 submission = gradebook.find_submission(result.chapter, learner)
@@ -277,9 +283,7 @@ def _sanitise(notebook: Path, destination: Path, chapter: Chapter) -> None:
     real one then counts as missing). Anything unreadable is copied as it is, for nbgrader to
     report."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # nbformat renumbers duplicated ids, and says so
-            contents = nbformat.read(notebook, as_version=4)
+        contents = nbformat.read(notebook, as_version=4)
     except Exception:
         shutil.copyfile(notebook, destination)
         return
