@@ -85,7 +85,9 @@ def _limits(command: argparse.ArgumentParser, default_jobs: int) -> None:
 
 
 def _limits_of(args: argparse.Namespace) -> Limits:
-    return Limits(args.cell_timeout, args.notebook_timeout, args.memory_limit or None)
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // args.jobs) if args.jobs > 1 else None  # the cores, shared
+    return Limits(args.cell_timeout, args.notebook_timeout, args.memory_limit or None, threads)
 
 
 def _absolute_db(url: str) -> str:

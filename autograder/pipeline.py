@@ -89,6 +89,10 @@ class Limits:
     cell_timeout: int = 120  # seconds per cell
     notebook_timeout: int = 900  # seconds for a whole notebook, kernel start included
     memory_gib: float | None = 4.0  # address space of nbgrader and of the kernel; None: none
+    # CPU threads for each kernel's torch (OMP_NUM_THREADS); None: the library's default, one
+    # per core. Notebooks graded side by side must share the cores: torch's OpenMP threads
+    # spin while they wait, and oversubscribed they slow small operations ten- to twentyfold.
+    threads: int | None = None
 
 
 @dataclass
@@ -255,6 +259,8 @@ def _run(command: list[str], cwd: Path, timeout: int, limits: Limits) -> str:
     env = dict(os.environ)
     # nbgrader calls `alembic` and starts kernels by name: this environment's bin comes first.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    if limits.threads and "OMP_NUM_THREADS" not in env:  # a setting of the user's wins
+        env["OMP_NUM_THREADS"] = str(limits.threads)
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                preexec_fn=_memory_limit(limits.memory_gib))

@@ -206,7 +206,10 @@ def test_every_case_gets_exactly_its_score(graded):
                json.loads((folder / "results.json").read_text())}
     got = {learner: results[learner]["score"] if learner in results else None
            for learner in expected}
-    assert got == expected, done.stderr[-3000:]
+    lost = {learner: [(t["id"], t["message"]) for t in results[learner]["tests"]
+                      if not t["passed"]]
+            for learner in expected if learner in results and got[learner] != expected[learner]}
+    assert got == expected, f"tests lost where the score differs: {lost}"
 
 
 def test_refused_files_get_one_error_line_and_the_batch_goes_on(graded):

@@ -160,3 +160,21 @@ def test_every_test_cell_verifies_the_guard_first():
                 assert "verify()" in cell.source.split("check_", 1)[0], (
                     f"{chapter.name}: {cell.metadata['nbgrader']['grade_id']} must call "
                     "autograder.guard.verify() before its check")
+
+
+@pytest.mark.parametrize(("jobs", "user_setting", "expected"), [
+    (1, None, None), (2, None, str(max(1, (os.cpu_count() or 1) // 2))), (2, "3", "3")],
+    ids=["one-job-keeps-the-default", "two-jobs-share-the-cores", "the-user-setting-wins"])
+def test_notebooks_graded_side_by_side_share_the_cores(jobs, user_setting, expected, tmp_path,
+                                                       monkeypatch):
+    from autograder.cli import _limits_of, _parser
+    from autograder.pipeline import _run
+
+    if user_setting is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user_setting)
+    limits = _limits_of(_parser().parse_args(["grade-all", "x", "--jobs", str(jobs)]))
+    printed = _run([sys.executable, "-c", "import os; print(os.environ.get('OMP_NUM_THREADS'))"],
+                   tmp_path, 30, limits)
+    assert printed.strip() == str(expected)
