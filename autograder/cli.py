@@ -4,6 +4,7 @@
     python -m autograder grade-all DIR|ZIP [--db URL] [--csv FILE] [--json FILE] [--jobs N]
                                    [--feedback DIR] [--state FILE]
     python -m autograder release
+    python -m autograder repository URL
 
 ``grade-all`` takes a folder of ``<learner>/<NN_slug>.ipynb`` (nbgrader's ``collect`` writes
 ``submitted/<learner>/<NN_slug>/<NN_slug>.ipynb``, also accepted), or a zip of uploads from
@@ -69,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     _limits(class_, default_jobs=os.cpu_count() or 1)
 
     commands.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
+    where = commands.add_parser("repository", help="set the repository URL that Colab installs "
+                                "from and the README's Colab links open (then `release`)")
+    where.add_argument("url", help="for example https://github.com/you/paged-kv-course")
     return parser
 
 
@@ -241,6 +245,19 @@ def main(argv: list[str] | None = None) -> int:
 
         for path in release_all():
             print(f"wrote {path}")
+        return 0
+
+    if args.command == "repository":
+        from autograder.chapters import chapters
+        from autograder.repository import set_url
+
+        try:
+            set_url(args.url, list(chapters().values()))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"pyproject.toml, the solutions' setup cells and the README's Colab links now "
+              f"point at {args.url}; run `make exercises` and commit")
         return 0
 
     if args.command == "grade":

@@ -1,14 +1,16 @@
 """The built wheel alone runs every chapter, as a Colab or VS Code session would.
 
-A fresh virtual environment gets the course's wheel (with its declared dependencies, CPU torch
-first where there is no GPU) and a Jupyter kernel, nothing from this checkout; each solution
-notebook is copied to a folder outside the checkout and run top to bottom in that
-environment. It must run without an error and show its charts and widgets.
+A fresh virtual environment gets a Jupyter kernel (and CPU torch where there is no GPU, as
+Colab has torch already), nothing from this checkout. The solution notebooks are copied, with
+the built wheel beside them, to a folder outside the checkout and run there top to bottom, in
+order: the first one's setup cell installs the course from the wheel, as on Colab when a
+learner uploads it. Each must run without an error and show its charts and widgets.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,9 +41,10 @@ def wheel_env(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if not torch.cuda.is_available():  # never let pip pull a CUDA build onto a CPU machine
         _pip(venv, os.environ.get("TORCH_CPU") or f"torch=={torch.__version__.split('+')[0]}")
-    _pip(venv, str(wheel), "ipykernel", "nbclient")
+    _pip(venv, "ipykernel", "nbclient")
     notebooks = root / "notebooks"
     notebooks.mkdir()
+    shutil.copyfile(wheel, notebooks / wheel.name)
     for chapter in CHAPTERS:
         shutil.copyfile(chapter.source, notebooks / chapter.source.name)
     env = {k: v for k, v in os.environ.items()
@@ -61,6 +64,14 @@ def test_the_course_is_imported_from_the_wheel_not_from_this_checkout(wheel_env)
          "print(course.__file__, kernels.__file__, autograder.__file__)"],
         cwd=python.parents[2], capture_output=True, text=True, check=True).stdout.split()
     assert all("site-packages" in path for path in located), located
+
+
+def test_the_first_setup_cell_installed_the_course_from_the_wheel_beside_it(wheel_env):
+    _, ran = wheel_env
+    notebook = nbformat.read(ran / CHAPTERS[0].source.name, as_version=4)
+    first = next(c for c in notebook.cells if c.cell_type == "code")
+    printed = "".join(o.get("text", "") for o in first.outputs)
+    assert re.search(r"Installing the course from paged_kv_course-.*\.whl", printed), printed
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)

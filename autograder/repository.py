@@ -1,0 +1,98 @@
+"""Where the course is published: one URL, from which Colab installs it and opens its chapters.
+
+The URL is ``[project.urls] Repository`` in pyproject.toml. Every notebook's first cell carries
+it (a Colab session starts with nothing installed, so the cell cannot read it from the
+package), and the README's "Open in Colab" links are built from it. ``python -m autograder
+repository URL`` sets it and rewrites both; tests/test_colab.py checks they agree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import urlparse
+
+import nbformat
+import tomllib
+
+from autograder.chapters import REPO, Chapter
+
+PYPROJECT = REPO / "pyproject.toml"
+README = REPO / "README.md"
+BRANCH = "main"
+
+_SETUP_CELL = '''\
+# Run this cell first. Where the course package is missing (a fresh Colab session), it installs
+# it: from $KV_COURSE_SOURCE if set, else a course wheel next to this notebook, else the
+# checkout this notebook sits in, else the course's repository. Then it picks GPU mode or
+# Triton's CPU interpreter and says which.
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+
+REPOSITORY = "{url}"
+
+if importlib.util.find_spec("course") is None:
+    wheels = sorted(glob.glob("paged_kv_course-*.whl"))
+    source = os.environ.get("KV_COURSE_SOURCE") or (wheels[-1] if wheels else None)
+    if source is None:
+        source = ".." if os.path.exists("../pyproject.toml") else f"git+{{REPOSITORY}}"
+    print(f"Installing the course from {{source}} ...")
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", source])
+    importlib.invalidate_caches()
+
+import course  # noqa: E402  (only importable after the install above)
+
+runtime = course.setup()'''
+
+
+def url() -> str:
+    """The repository URL recorded in pyproject.toml."""
+    return tomllib.loads(PYPROJECT.read_text())["project"]["urls"]["Repository"]
+
+
+def setup_cell(repository: str) -> str:
+    """The source of every notebook's first code cell."""
+    return _SETUP_CELL.format(url=repository)
+
+
+def colab_link(repository: str, notebook: str) -> str:
+    """The Colab address that opens ``notebook`` (a path in the repository) from GitHub."""
+    parts = urlparse(repository)
+    if parts.netloc != "github.com":
+        raise ValueError(f"Colab opens notebooks from GitHub; {repository} is not on github.com")
+    owner_and_name = parts.path.strip("/").removesuffix(".git")
+    return f"https://colab.research.google.com/github/{owner_and_name}/blob/{BRANCH}/{notebook}"
+
+
+def readme_with_links(readme: str, repository: str) -> str:
+    """``readme`` with each chapter row's Colab link pointing at ``repository``."""
+    def relink(match: re.Match) -> str:
+        return f"[Colab]({colab_link(repository, match.group(2))})"
+
+    return re.sub(r"\[Colab\]\((https://colab\.research\.google\.com/github/[^)]*?/blob/[^/]+/)"
+                  r"(exercises/[^)]+\.ipynb)\)", relink, readme)
+
+
+def set_url(repository: str, chapters: list[Chapter]) -> None:
+    """Record ``repository`` in pyproject.toml, every solution's setup cell and the README."""
+    colab_link(repository, "check")  # refuse a URL Colab cannot open, before changing anything
+    text = PYPROJECT.read_text()
+    text, found = re.subn(r'(?m)^Repository = ".*"$', f'Repository = "{repository}"', text)
+    if found != 1:
+        raise ValueError("pyproject.toml has no `Repository = ...` line under [project.urls]")
+    PYPROJECT.write_text(text)
+    for chapter in chapters:
+        notebook = nbformat.read(chapter.source, as_version=4)
+        first = next(c for c in notebook.cells if c.cell_type == "code")
+        first.source = setup_cell(repository)
+        nbformat.write(notebook, chapter.source)
+    README.write_text(readme_with_links(README.read_text(), repository))
+
+
+def setup_cell_of(path: Path) -> str:
+    """The first code cell's source of the notebook at ``path``."""
+    notebook = nbformat.read(path, as_version=4)
+    return next(c.source for c in notebook.cells if c.cell_type == "code")

@@ -1,0 +1,81 @@
+"""Colab and VS Code readiness: one repository URL behind every setup cell and Colab link, and
+nothing that needs a front-end extension (core ipywidgets and plotly's own renderers only)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import CHAPTERS, REPO
+
+from autograder import repository
+from autograder.chapters import EXERCISES, Chapter
+
+NOTEBOOKS = [c.source for c in CHAPTERS] + [EXERCISES / c.source.name for c in CHAPTERS]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_setup_cell_installs_from_the_one_repository_url(path):
+    assert repository.setup_cell_of(path) == repository.setup_cell(repository.url()), (
+        f"{path.name}: its setup cell is not the current one: run `python -m autograder "
+        "repository URL` (or edit autograder/repository.py), then `make exercises`")
+
+
+def test_the_readme_opens_every_chapter_in_colab_from_that_url():
+    links = re.findall(r"\[Colab\]\(([^)]+)\)", (REPO / "README.md").read_text())
+    assert links == [repository.colab_link(repository.url(), f"exercises/{c.source.name}")
+                     for c in CHAPTERS]
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("https://github.com/you/course", "https://colab.research.google.com/github/you/course/"
+                                      "blob/main/exercises/01_x.ipynb"),
+    ("https://github.com/you/course.git/", "https://colab.research.google.com/github/you/"
+                                           "course/blob/main/exercises/01_x.ipynb"),
+], ids=["plain", "dot-git-and-slash"])
+def test_a_colab_link_opens_the_notebook_from_github(url, expected):
+    assert repository.colab_link(url, "exercises/01_x.ipynb") == expected
+
+
+def test_a_url_colab_cannot_open_is_refused_and_nothing_changes(tmp_path):
+    before = [(REPO / "pyproject.toml").read_text(), (REPO / "README.md").read_text()]
+    done = subprocess.run([sys.executable, "-m", "autograder", "repository",
+                           "https://gitlab.com/you/course"], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "not on github.com" in done.stderr
+    assert before == [(REPO / "pyproject.toml").read_text(), (REPO / "README.md").read_text()]
+
+
+def test_setting_the_url_rewrites_pyproject_setup_cells_and_links(tmp_path, monkeypatch):
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copyfile(REPO / name, tmp_path / name)
+    copies = []
+    for chapter in CHAPTERS:
+        shutil.copyfile(chapter.source, tmp_path / chapter.source.name)
+        copies.append(Chapter(chapter.name, tmp_path / chapter.source.name))
+    monkeypatch.setattr(repository, "PYPROJECT", tmp_path / "pyproject.toml")
+    monkeypatch.setattr(repository, "README", tmp_path / "README.md")
+
+    repository.set_url("https://github.com/someone/fork", copies)
+
+    assert repository.url() == "https://github.com/someone/fork"
+    for copy in copies:
+        assert 'REPOSITORY = "https://github.com/someone/fork"' in repository.setup_cell_of(
+            copy.source)
+    links = re.findall(r"\[Colab\]\(([^)]+)\)", (tmp_path / "README.md").read_text())
+    assert len(links) == len(CHAPTERS)
+    assert all(link.startswith("https://colab.research.google.com/github/someone/fork/blob/")
+               for link in links)
+
+
+def test_widgets_and_charts_need_no_front_end_extension():
+    """Colab and VS Code render core ipywidgets and plotly's figures, not custom widgets: the
+    course defines no widget with its own front end and never uses FigureWidget."""
+    sources = {p: p.read_text() for p in (REPO / "course").glob("*.py")}
+    sources |= {p: p.read_text() for p in NOTEBOOKS}
+    custom = {str(p.relative_to(REPO)) for p, text in sources.items()
+              if re.search(r"\b(anywidget|_esm|_view_module|DOMWidget|FigureWidget)\b", text)}
+    assert not custom, f"these need a front-end extension: {sorted(custom)}"
