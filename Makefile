@@ -11,7 +11,8 @@ BIN    := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 PORT ?= 8888
 
-.PHONY: setup lab test lint exercises bench bench-kernels bench-grading gpu-check doctor wheel clean
+.PHONY: setup lab test lint exercises screenshots bench bench-kernels bench-grading gpu-check \
+        doctor wheel clean
 
 setup: $(VENV)/.installed
 
@@ -43,6 +44,10 @@ lint: setup
 # Regenerate the learner notebooks in exercises/ from solutions/ with nbgrader.
 exercises: setup
 	$(BIN)/python -m autograder release
+
+# The README's pictures, taken by the browser tests (needs Chromium: apt-get install chromium).
+screenshots: setup
+	KV_SCREENSHOTS=docs/images $(BIN)/python -m pytest tests/test_browser.py -p no:cacheprovider
 
 # Benchmarks print figures; they are not tests.
 bench: setup

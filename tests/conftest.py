@@ -22,3 +22,12 @@ CHAPTERS = list(chapters().values())
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep the call's report on the test item, for fixtures that act on failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.report_call = report

@@ -136,7 +136,9 @@ def cases() -> dict[str, tuple[str, nbformat.NotebookNode | bytes, float | None]
     """learner -> (file name, contents, expected score; None: refused with an error line)."""
     f = {number: full_marks(number) for number in BY_NUMBER}
     name = {number: f"{chapter.name}.ipynb" for number, chapter in BY_NUMBER.items()}
-    honest = {f"honest-{n}": (name[n], solved(n), f[n]) for n in BY_NUMBER}
+    # honest learners in the chapters hostile cases share most (every chapter's solution is
+    # graded on its own in tests/test_grading.py)
+    honest = {f"honest-{n}": (name[n], solved(n), f[n]) for n in ("01", "04", "06", "08")}
     hostile = {
         "endless-loop": (name["01"], broken("01", "while True:\n    pass\n"), f["01"] - 3),
         "long-sleep": (name["02"], broken("02", "import time\ntime.sleep(3600)\n"),

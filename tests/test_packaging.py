@@ -41,3 +41,12 @@ def test_setup_installs_cpu_torch_where_there_is_no_gpu(repo):
     no_gpu_branch = makefile.split("nvidia-smi", 1)[1]
     assert "$(TORCH_CPU)" in no_gpu_branch
     assert re.search(r"^TORCH_CPU \?= torch==\d", makefile, flags=re.M)
+
+
+def test_the_readme_shows_every_picture_the_browser_tests_take(repo):
+    readme = (repo / "README.md").read_text()
+    shown = set(re.findall(r"\]\((docs/images/[^)]+\.png)\)", readme))
+    taken = {str(p.relative_to(repo)) for p in (repo / "docs" / "images").glob("*.png")}
+    assert shown == taken
+    browser_tests = (repo / "tests" / "test_browser.py").read_text()
+    assert all(f'"{p.split("/")[-1][:-4]}"' in browser_tests for p in taken)
