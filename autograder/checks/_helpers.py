@@ -27,6 +27,25 @@ def not_written(name: str) -> str:
             "with your code, run that cell, then run this test again.")
 
 
+def learner_call(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` for the learner's ``name``, its exceptions turned into hints.
+
+    A stub's NotImplementedError (also when a Triton launch wraps it) says the TODO is not
+    written yet; any other exception is named with the first line of its message (Triton's
+    compile errors run to pages). A failing check's AssertionError passes through.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except AssertionError:
+        raise
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, NotImplementedError) or "NotImplementedError" in text:
+            raise AssertionError(not_written(name)) from None
+        first = text.splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AssertionError(f"{name}(...) raised {first[:400]}") from exc
+
+
 def expect_equal(
     fn: Callable[..., Any],
     kwargs: dict[str, Any],

@@ -13,21 +13,10 @@ from collections.abc import Callable
 
 import torch
 
-from autograder.checks._helpers import not_written
+from autograder.checks._helpers import learner_call
 
 TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (3e-3, 1e-2)}  # (atol, rtol)
 SEED = 2026
-
-
-def _call(fn: Callable, name: str, *args):
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise AssertionError(not_written(name)) from None
-    except AssertionError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{name} raised {type(exc).__name__}: {exc}") from exc
 
 
 class PagedCase:
@@ -133,7 +122,7 @@ def _check_write(fn: Callable, num_blocks, block_size, kv_heads, head_dim, slots
     key = torch.randn(len(slots), kv_heads, head_dim, generator=gen).to(dtype)
     value = torch.randn(len(slots), kv_heads, head_dim, generator=gen).to(dtype)
     mapping = torch.tensor(slots, dtype=torch.int64)
-    _call(fn, "write_kv", k_cache, v_cache, key, value, mapping)
+    learner_call("write_kv", fn, k_cache, v_cache, key, value, mapping)
     want_k, want_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
     for i, slot in enumerate(slots):
         if slot >= 0:
@@ -171,8 +160,8 @@ def check_write_kv_thoroughly(fn: Callable) -> None:
 
 
 def _attention(fn: Callable, case: PagedCase) -> None:
-    out = _call(fn, "paged_decode_attention", case.query, case.k_cache, case.v_cache,
-                case.tables, case.seq_lens, case.scale)
+    out = learner_call("paged_decode_attention", fn, case.query, case.k_cache, case.v_cache,
+                       case.tables, case.seq_lens, case.scale)
     _check_attention_output(out, case, "paged_decode_attention")
 
 
@@ -211,7 +200,7 @@ def _check_merge(fn: Callable, heads: int, len_a: int, len_b: int, spread: float
     values = torch.randn(len_a + len_b, 8, generator=gen, dtype=torch.float64)
     a = _partials(scores[:, :len_a], values[:len_a])
     b = _partials(scores[:, len_a:], values[len_a:])
-    merged = _call(fn, "merge_partials", *a, *b)
+    merged = learner_call("merge_partials", fn, *a, *b)
     whole = _partials(scores, values)
     ok = all(torch.allclose(x.double(), y, atol=1e-9, rtol=1e-9) for x, y in
              zip(merged, whole, strict=True))
@@ -243,8 +232,9 @@ def check_merge_partials_thoroughly(fn: Callable) -> None:
 
 
 def _blockwise(fn: Callable, case: PagedCase) -> None:
-    outs = [_call(fn, "blockwise_decode_attention", case.query[s], case.k_cache, case.v_cache,
-                  case.tables[s], case.lengths[s], case.scale) for s in range(len(case.lengths))]
+    outs = [learner_call("blockwise_decode_attention", fn, case.query[s], case.k_cache,
+                         case.v_cache, case.tables[s], case.lengths[s], case.scale)
+            for s in range(len(case.lengths))]
     if not all(isinstance(o, torch.Tensor) for o in outs):
         raise AssertionError("blockwise_decode_attention must return a tensor.")
     _check_attention_output(torch.stack(outs), case, "blockwise_decode_attention")
@@ -284,8 +274,8 @@ def _steps(fn: Callable, prompts, steps, block_size, q_heads, kv_heads, head_dim
         query = torch.randn(len(prompts), q_heads, head_dim, generator=gen)
         key = torch.stack([case.keys[s][prompts[s] + step] for s in range(len(prompts))])
         value = torch.stack([case.values[s][prompts[s] + step] for s in range(len(prompts))])
-        out = _call(fn, "decode_step", query, key, value, case.k_cache, case.v_cache,
-                    case.tables, seq_lens, case.scale)
+        out = learner_call("decode_step", fn, query, key, value, case.k_cache, case.v_cache,
+                           case.tables, seq_lens, case.scale)
         for s in range(len(prompts)):
             contiguous_k[s] = torch.cat([contiguous_k[s], key[s:s + 1]])
             contiguous_v[s] = torch.cat([contiguous_v[s], value[s:s + 1]])

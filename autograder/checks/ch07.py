@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from autograder.checks._helpers import not_written
+from autograder.checks._helpers import learner_call, not_written
 from autograder.checks.ch06 import PagedCase
 from kernels.paged_attention import launch
 from kernels.paged_attention_ref import paged_decode_attention
@@ -42,20 +42,6 @@ def _device() -> str:
 
 def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return _TF32 if dtype == torch.float32 and on_gpu() else _TOLERANCE[dtype]
-
-
-def _call(fn: Callable, name: str, run: Callable):
-    """``run()``, with a learner's mistakes turned into hints."""
-    try:
-        return run()
-    except AssertionError:
-        raise
-    except Exception as exc:
-        text = f"{type(exc).__name__}: {exc}"
-        if "NotImplementedError" in text:
-            raise AssertionError(not_written(name)) from None
-        first = text.splitlines()[0] if text.strip() else type(exc).__name__
-        raise AssertionError(f"{name}(...) raised {first[:400]}") from exc
 
 
 class KernelCase(PagedCase):
@@ -152,9 +138,8 @@ def _compare(out, case: KernelCase, name: str, want: torch.Tensor | None = None)
 
 
 def _kernel(fn: Callable, name: str, case: KernelCase, per_query_head: bool) -> None:
-    out = _call(fn, name, lambda: launch(fn, case.query, case.k_cache, case.v_cache,
-                                         case.tables, case.seq_lens, case.scale,
-                                         per_query_head=per_query_head))
+    out = learner_call(name, launch, fn, case.query, case.k_cache, case.v_cache, case.tables,
+                       case.seq_lens, case.scale, per_query_head=per_query_head)
     _compare(out, case, name)
 
 
@@ -259,9 +244,8 @@ def _split(fn: Callable, case: KernelCase, num_splits: int) -> None:
     from kernels.split_kv import merge_splits_kernel
 
     name = "split_kv_kernel"
-    partials = _call(fn, name, lambda: run_split_kernel(
-        fn, case.query, case.k_cache, case.v_cache, case.tables, case.seq_lens, case.scale,
-        num_splits))
+    partials = learner_call(name, run_split_kernel, fn, case.query, case.k_cache, case.v_cache,
+                            case.tables, case.seq_lens, case.scale, num_splits)
     got_m, got_l, got_acc = (t.double().cpu() for t in partials)
     atol, rtol = _tolerance(case.dtype)
     where = f"{name}(...) on {case.describe()}, {num_splits} splits"
@@ -322,7 +306,7 @@ def _merge(fn: Callable, seqs: int, heads: int, splits: int, head_dim: int, spre
     want = (weight[..., None] * acc).sum(dim=2) / (weight * total).sum(dim=2)[..., None]
     device = _device()
     partials = [t.float().to(device) for t in (m, total, acc)]
-    out = _call(fn, "merge_splits_kernel", lambda: run_merge_kernel(fn, *partials, dtype))
+    out = learner_call("merge_splits_kernel", run_merge_kernel, fn, *partials, dtype)
     atol, rtol = _tolerance(dtype)
     if isinstance(out, torch.Tensor) and not out.isnan().any() and torch.allclose(
             out.double().cpu(), want, atol=atol, rtol=max(rtol, 1e-5)):
@@ -395,8 +379,8 @@ def _raises(fn: Callable, case: KernelCase, what: str) -> None:
 
 
 def _wrapper(fn: Callable, case: KernelCase) -> None:
-    out = _call(fn, "paged_attention", lambda: fn(case.query, case.k_cache, case.v_cache,
-                                                  case.tables, case.seq_lens, case.scale))
+    out = learner_call("paged_attention", fn, case.query, case.k_cache, case.v_cache,
+                       case.tables, case.seq_lens, case.scale)
     name = "paged_attention"
     if case.dtype == torch.bfloat16 and not on_gpu() and isinstance(out, torch.Tensor) \
             and not _close(out, case.reference(), case.dtype):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from autograder.checks._helpers import not_written
+from autograder.checks._helpers import learner_call
 from course.block_manager import BlockManager
 from course.paged_engine import (
     KVPool,
@@ -29,18 +29,6 @@ from course.tiny_model import TinyModel, generate_contiguous
 
 SEED = 2029
 LOGITS_TOLERANCE = 1e-4  # float32 paged vs contiguous: different summation orders only
-
-
-def _call(name: str, fn: Callable, *args, **kwargs):
-    """``fn(*args, **kwargs)``, with a learner's exceptions turned into hints."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError(not_written(name)) from None
-    except AssertionError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{name}(...) raised {type(exc).__name__}: {exc}") from exc
 
 
 # --- build_decode_batch ----------------------------------------------------------------------
@@ -64,7 +52,7 @@ def _expected_batch(manager: BlockManager, seq_ids: list[int]) -> dict:
 
 
 def _check_batch(fn: Callable, manager: BlockManager, seq_ids: list[int], story: str) -> None:
-    batch = _call("build_decode_batch", fn, manager, seq_ids)
+    batch = learner_call("build_decode_batch", fn, manager, seq_ids)
     want = _expected_batch(manager, seq_ids)
     where = f"build_decode_batch(manager, {seq_ids}) {story}"
     for name in ("positions", "slot_mapping", "seq_lens"):
@@ -156,7 +144,7 @@ def _decode_case(fn: Callable, prompts: list[list[int]], steps: int, block_size:
         batch = build_decode_batch(manager, ids).to(device)
         tokens = torch.tensor([baseline[s][0][step] for s in ids], device=device)
         extra = {} if attention is None else {"attention": attention}
-        logits = _call("paged_decode_step", fn, model, tokens, batch, pool, **extra)
+        logits = learner_call("paged_decode_step", fn, model, tokens, batch, pool, **extra)
         for seq_id in ids:
             want = baseline[seq_id][1][step + 1]
             got = logits[seq_id] if isinstance(logits, torch.Tensor) else None
@@ -229,7 +217,7 @@ def _serve(fn: Callable, count: int, block_size: int, num_blocks: int, preemptio
                f"{num_blocks} blocks, preemption by {preemption}"
                + (", 3 parallel-sampling branches for every "
                   f"{branches_every}th request" if branches_every else ""))
-    finished = _call("serve", fn, engine, requests, 2_000)
+    finished = learner_call("serve", fn, engine, requests, 2_000)
     preempted = {int(part.split()[-1]) for r in engine.records
                  for part in r.event.split(", ") if part.startswith("preempted")}
     by_key = {(r.id if r.branch == 0 else (r.prompt_len, tuple(r.prompt), r.branch)): r
