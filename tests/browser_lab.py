@@ -53,8 +53,11 @@ class Lab:
     root: Path
     process: subprocess.Popen = field(repr=False)
 
-    def notebook_url(self, path: str) -> str:
-        """``path`` opened alone: ``reset`` drops the tabs earlier tests left in the workspace."""
+    def notebook_url(self, path: str, ui: str = "lab") -> str:
+        """``path`` in JupyterLab (opened alone: ``reset`` drops the tabs earlier tests left in
+        the workspace) or, with ``ui="notebook"``, in Notebook 7."""
+        if ui == "notebook":
+            return f"{self.url}/notebooks/{path}?token={self.token}"
         return f"{self.url}/lab/tree/{path}?token={self.token}&reset"
 
     def shut_down_kernels(self) -> None:
@@ -94,7 +97,9 @@ def jupyter_lab(root: Path, timeout: float = 90) -> Iterator[Lab]:
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
          f"--LabApp.user_settings_dir={state / 'settings'}",
          f"--LabApp.workspaces_dir={state / 'workspaces'}",
-         "--LabApp.expose_app_in_browser=True"],  # window.jupyterapp: run commands, read models
+         # window.jupyterapp, in both front ends: run commands, read notebook models
+         "--LabApp.expose_app_in_browser=True",
+         "--JupyterNotebookApp.expose_app_in_browser=True"],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     lab = Lab(f"http://127.0.0.1:{port}", token, root, process)
     try:
@@ -121,7 +126,7 @@ def jupyter_lab(root: Path, timeout: float = 90) -> Iterator[Lab]:
 # The open notebook's code cells, read from its model (not the DOM, which JupyterLab renders
 # lazily): execution count, tags, grade id, errors, text printed, and MIME types shown.
 _CELLS_JS = """() => {
-  const panel = window.jupyterapp.shell.currentWidget;
+  const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   if (!panel || !panel.content || !panel.content.model) {
     return {path: null, cells: [], kernel: 'none'};
   }
@@ -138,20 +143,22 @@ _CELLS_JS = """() => {
     });
   }
   const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
-  return {path: panel.context.path, cells, kernel: kernel ? kernel.status : 'none'};
+  // a kernel reads idle before its connection is up; only a connected one runs cells
+  const status = !kernel ? 'none' : kernel.connectionStatus !== 'connected'
+    ? kernel.connectionStatus : kernel.status;
+  return {path: panel.context.path, cells, kernel: status};
 }"""
 
 
-def run_all(page, lab: Lab, path: str, timeout: float = 300) -> list[dict]:
-    """Open ``path``, wait for its kernel, Run All, and wait until every code cell has run.
+def run_all(page, lab: Lab, path: str, timeout: float = 300, ui: str = "lab") -> list[dict]:
+    """Open ``path`` (in JupyterLab, or Notebook 7 with ``ui="notebook"``), wait for its
+    kernel, Run All, and wait until every code cell has run.
 
     Returns the code cells' state (see ``_CELLS_JS``). Test cells carry the ``raises-exception``
     tag, so a failing test does not stop Run All, as it does not for a learner.
     """
-    page.goto(lab.notebook_url(path))
-    # the toolbar reads idle before the kernel is connected; the status bar waits for it
-    page.get_by_text("| Idle").wait_for(timeout=90_000)
-    deadline = time.monotonic() + 60
+    page.goto(lab.notebook_url(path, ui))
+    deadline = time.monotonic() + 90
     while (state := page.evaluate(_CELLS_JS))["path"] != path or state["kernel"] != "idle":
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not open with an idle kernel (open: {state['path']}, "

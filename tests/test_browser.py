@@ -263,6 +263,13 @@ def test_a_solution_runs_in_the_browser_and_draws_its_charts_and_widgets(number,
     assert not page.get_by_text("Error displaying widget").count()
 
 
+def test_notebook_7_draws_the_charts_too(page, lab):
+    """Notebook 7 renders plotly's figures through the same extension as JupyterLab."""
+    cells = run_all(page, lab, _path("solutions", "01"), ui="notebook")
+    assert _errors(cells) == {}
+    _plotly_drawn(page, cells)
+
+
 # ----------------------------------------------------------------------------------------------
 # Exercises not yet filled in: errors in the test cells only, pictures from the reference (the
 # two animations here; tests/test_notebooks.py runs every exercise outside the browser)
