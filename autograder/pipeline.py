@@ -91,7 +91,7 @@ class Limits:
     memory_gib: float | None = 4.0  # address space of nbgrader and of the kernel; None: none
     # CPU threads for each kernel's torch (OMP_NUM_THREADS); None: the library's default, one
     # per core. Notebooks graded side by side must share the cores: torch's OpenMP threads
-    # spin while they wait, and oversubscribed they slow small operations ten- to twentyfold.
+    # spin while they wait, and oversubscribed they slow small operations many times over.
     threads: int | None = None
 
 
