@@ -47,7 +47,7 @@ exercises: setup
 
 # The README's pictures, taken by the browser tests (needs Chromium: apt-get install chromium).
 screenshots: setup
-	KV_SCREENSHOTS=docs/images $(BIN)/python -m pytest tests/test_browser.py -p no:cacheprovider
+	KV_SCREENSHOTS=docs/images $(BIN)/python -m pytest tests/test_browser.py
 
 # Benchmarks print figures; they are not tests.
 bench: setup

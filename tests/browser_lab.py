@@ -25,7 +25,8 @@ from pathlib import Path
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update",
                   "--disable-sync", "--disable-dev-shm-usage"]
-LOOPBACK = ("http://127.0.0.1:", "ws://127.0.0.1:", "data:", "blob:")
+# what a page may load (Playwright routes HTTP requests; the kernel's WebSocket is not routed)
+LOOPBACK = ("http://127.0.0.1:", "data:", "blob:")
 
 
 def chromium() -> str | None:

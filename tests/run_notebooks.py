@@ -1,9 +1,11 @@
-"""Execute notebooks as a learner's fresh session would; run by another environment's Python.
+"""Execute notebooks as a learner's session would, outside nbgrader (so charts draw).
+
+Imported by the tests (``execute``, ``errors``), and run by another environment's Python:
 
     python run_notebooks.py OUT NOTEBOOK...
 
-Each notebook runs in a new kernel of this Python with its folder as the working directory,
-errors recorded rather than raised, and is written, executed, to OUT under its own name.
+runs each notebook in a new kernel of that Python, with the notebook's folder as the working
+directory, and writes it, executed, to OUT under its own name.
 """
 
 import sys
@@ -12,11 +14,29 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-for path in map(Path, sys.argv[2:]):
+
+def execute(path: Path, cwd: Path, timeout: int = 600) -> nbformat.NotebookNode:
+    """``path`` run top to bottom in a fresh kernel; errors are recorded, not raised."""
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    nbformat.write(notebook, out / path.name)
-    print(f"ran {path.name}", flush=True)
+    NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    return notebook
+
+
+def errors(notebook: nbformat.NotebookNode) -> dict[str, str]:
+    """``ename: evalue`` of each failing cell, by grade id (or ``cell N``)."""
+    found = {}
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            if output.output_type == "error":
+                name = cell.metadata.get("nbgrader", {}).get("grade_id", f"cell {index}")
+                found[name] = f"{output.ename}: {output.evalue}"
+    return found
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    for path in map(Path, sys.argv[2:]):
+        nbformat.write(execute(path, path.parent), out / path.name)
+        print(f"ran {path.name}", flush=True)

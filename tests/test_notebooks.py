@@ -7,7 +7,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 from conftest import CHAPTERS, REPO
-from nbclient import NotebookClient
+from run_notebooks import errors, execute
 
 from autograder.chapters import EXERCISES
 from autograder.pipeline import GradingCourse
@@ -46,31 +46,13 @@ def test_test_cells_let_run_all_go_on_past_a_failing_test(path):
     assert not untagged, f"test cells without the raises-exception tag: {untagged}"
 
 
-def _run(path, tmp_path) -> nbformat.NotebookNode:
-    """Execute ``path`` as a learner would (not under nbgrader, so charts draw)."""
-    notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    return notebook
-
-
-def _errors(notebook) -> dict[str, str]:
-    found = {}
-    for index, cell in enumerate(notebook.cells):
-        for output in cell.get("outputs", []):
-            if output.output_type == "error":
-                name = cell.metadata.get("nbgrader", {}).get("grade_id", f"cell {index}")
-                found[name] = f"{output.ename}: {output.evalue}"
-    return found
-
-
 @pytest.mark.pipeline
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_unfilled_exercise_fails_only_in_its_test_cells(chapter, tmp_path):
-    notebook = _run(REPO / "exercises" / chapter.source.name, tmp_path)
-    errors = _errors(notebook)
-    assert errors, "an unfilled exercise should fail its tests"
-    assert all(name.startswith("test_") for name in errors), errors
+    notebook = execute(REPO / "exercises" / chapter.source.name, tmp_path, timeout=300)
+    failed = errors(notebook)
+    assert failed, "an unfilled exercise should fail its tests"
+    assert all(name.startswith("test_") for name in failed), failed
     notes = [o.get("text", "") for c in notebook.cells for o in c.get("outputs", [])
              if o.get("name") == "stdout"]
     assert any("the course's reference version" in text for text in notes)

@@ -19,6 +19,7 @@ import nbformat
 import pytest
 import torch
 from conftest import CHAPTERS, REPO
+from run_notebooks import errors
 
 pytestmark = pytest.mark.pipeline
 
@@ -78,10 +79,7 @@ def test_the_first_setup_cell_installed_the_course_from_the_wheel_beside_it(whee
 def test_a_solution_runs_top_to_bottom_from_the_wheel(chapter, wheel_env):
     _, ran = wheel_env
     notebook = nbformat.read(ran / chapter.source.name, as_version=4)
-    errors = {cell.metadata.get("nbgrader", {}).get("grade_id", f"cell {i}"):
-              f"{o.ename}: {o.evalue}" for i, cell in enumerate(notebook.cells)
-              for o in cell.get("outputs", []) if o.output_type == "error"}
-    assert errors == {}
+    assert errors(notebook) == {}
     shown = [o for c in notebook.cells for o in c.get("outputs", [])
              if PICTURES & set(o.get("data", {}))]
     assert shown, "the chart and widget cells showed nothing"
