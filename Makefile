@@ -14,9 +14,14 @@ PORT ?= 8888
 .PHONY: setup lab test lint exercises screenshots bench bench-kernels bench-grading gpu-check \
         doctor wheel clean
 
-setup: $(VENV)/.installed
+# The environment is (re)built when the dependency lists in pyproject.toml change, not when
+# anything else in it does (`python -m autograder repository URL` rewrites its URL).
+DEPENDENCIES := $(shell sed -n '/^dependencies = \[/,/^\]/p; /^\[project.optional-dependencies\]/,/^\[tool/p' pyproject.toml | cksum | cut -d' ' -f1)
+INSTALLED := $(VENV)/.installed-$(DEPENDENCIES)
 
-$(VENV)/.installed: pyproject.toml
+setup: $(INSTALLED)
+
+$(INSTALLED):
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@if nvidia-smi -L >/dev/null 2>&1; then \
@@ -27,6 +32,7 @@ $(VENV)/.installed: pyproject.toml
 	fi
 	$(BIN)/python -m pip install --quiet -e '.[grader,dev]'
 	$(BIN)/python -m course doctor
+	rm -f $(VENV)/.installed*
 	touch $@
 
 # JupyterLab refuses to run as root unless told to (containers, cloud VMs).

@@ -1,10 +1,10 @@
-"""Which chapters exist, and which chapter a submitted notebook belongs to."""
+"""Which chapters exist, and which chapter a submitted notebook's content belongs to."""
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import nbformat
@@ -12,7 +12,6 @@ import nbformat
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
-_NAME = re.compile(r"^(\d\d)_[a-z0-9_]+$")
 
 
 class NotGradable(Exception):
@@ -24,64 +23,100 @@ class Chapter:
     """One chapter: an nbgrader assignment with one notebook, both named ``NN_slug``."""
 
     name: str
-    source: Path  # the instructor's notebook in solutions/
+    source: Path  # the instructor's notebook: solutions/, or a class's source/NN_slug/
 
     @property
     def number(self) -> str:
         return self.name[:2]
 
+    def test_cells(self) -> list[tuple[str, float]]:
+        """(grade id, points) of every graded test cell, in notebook order."""
+        return _test_cells(self.source)
+
+    def grade_ids(self) -> frozenset[str]:
+        return _grade_ids(self.source)
+
+
+def _is_chapter_name(name: str) -> bool:
+    number, _, slug = name.partition("_")
+    return len(number) == 2 and number.isdigit() and bool(slug) and all(
+        c.islower() or c.isdigit() or c == "_" for c in slug)
+
 
 def chapters(solutions: Path = SOLUTIONS) -> dict[str, Chapter]:
     """Every chapter that has a notebook in ``solutions``, by name."""
-    found = {}
-    for path in sorted(solutions.glob("*.ipynb")):
-        if _NAME.match(path.stem):
-            found[path.stem] = Chapter(path.stem, path)
-    return found
+    return {path.stem: Chapter(path.stem, path) for path in sorted(solutions.glob("*.ipynb"))
+            if _is_chapter_name(path.stem)}
 
 
-def load_submission(path: Path) -> nbformat.NotebookNode:
-    """Read a learner's notebook, or raise ``NotGradable`` saying in one line what is wrong."""
+def class_chapters(course: Path) -> dict[str, Chapter]:
+    """The chapters of an nbgrader course directory: ``source/NN_slug/NN_slug.ipynb``."""
+    return {path.parent.name: Chapter(path.parent.name, path)
+            for path in sorted((course / "source").glob("*/*.ipynb"))
+            if _is_chapter_name(path.parent.name) and path.stem == path.parent.name}
+
+
+@cache
+def _test_cells(source: Path) -> list[tuple[str, float]]:
+    cells = []
+    for cell in nbformat.read(source, as_version=4).cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") and cell.cell_type == "code":
+            cells.append((meta["grade_id"], float(meta["points"])))
+    return cells
+
+
+@cache
+def _grade_ids(source: Path) -> frozenset[str]:
+    return frozenset(c.metadata["nbgrader"]["grade_id"]
+                     for c in nbformat.read(source, as_version=4).cells
+                     if c.metadata.get("nbgrader", {}).get("grade_id"))
+
+
+def load_submission(path: Path, origin: str | None = None) -> nbformat.NotebookNode:
+    """Read a learner's notebook, or raise ``NotGradable`` saying in one line what is wrong
+    (naming the file as ``origin``)."""
+    name = origin or str(path)
     if not path.exists():
-        raise NotGradable(f"{path}: no such file")
+        raise NotGradable(f"{name}: no such file")
     if not path.is_file():
-        raise NotGradable(f"{path}: not a file")
+        raise NotGradable(f"{name}: not a file")
     if path.suffix != ".ipynb":
-        raise NotGradable(f"{path}: not a notebook (expected a .ipynb file)")
+        raise NotGradable(f"{name}: not a notebook (expected a .ipynb file)")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise NotGradable(f"{path}: cannot be read ({exc})") from None
+        raise NotGradable(f"{name}: cannot be read ({exc})") from None
     if not text.strip():
-        raise NotGradable(f"{path}: the file is empty")
+        raise NotGradable(f"{name}: the file is empty")
     try:
         json.loads(text)
     except json.JSONDecodeError as exc:
         raise NotGradable(
-            f"{path}: corrupt notebook, not valid JSON (line {exc.lineno}, column {exc.colno}: "
+            f"{name}: corrupt notebook, not valid JSON (line {exc.lineno}, column {exc.colno}: "
             f"{exc.msg}); open it in Jupyter or restore it from a checkpoint"
         ) from None
     try:
         notebook = nbformat.reads(text, as_version=4)
     except Exception as exc:
-        raise NotGradable(f"{path}: not a Jupyter notebook ({type(exc).__name__}: {exc})") from None
+        raise NotGradable(f"{name}: not a Jupyter notebook ({type(exc).__name__}: {exc})") \
+            from None
     if not isinstance(notebook.get("cells"), list):
-        raise NotGradable(f"{path}: not a Jupyter notebook (it has no cells)")
+        raise NotGradable(f"{name}: not a Jupyter notebook (it has no cells)")
     return notebook
 
 
-def recognise(path: Path, notebook: nbformat.NotebookNode, known: dict[str, Chapter]) -> Chapter:
-    """The chapter a notebook belongs to: from its metadata, else from its file name."""
-    claimed = notebook.metadata.get("course", {}).get("chapter")
-    if claimed in known:
-        return known[claimed]
-    if path.stem in known:
-        return known[path.stem]
-    prefix = path.stem[:3]
-    by_number = [c for c in known.values() if prefix == c.number + "_"]
-    if len(by_number) == 1:
-        return by_number[0]
-    names = ", ".join(known) or "none"
-    raise NotGradable(
-        f"{path}: unknown chapter; name the file after its chapter (one of: {names})"
-    )
+def recognise(notebook: nbformat.NotebookNode, known: dict[str, Chapter]) -> Chapter | None:
+    """The chapter whose cells the notebook holds: the one sharing the most grade ids that
+    no other chapter has, else the one its metadata names; None when nothing tells."""
+    held = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in notebook.cells}
+    counts = {}
+    for name, chapter in known.items():
+        others = set().union(*(c.grade_ids() for n, c in known.items() if n != name))
+        counts[name] = len((chapter.grade_ids() - others) & held)
+    best = max(counts.values(), default=0)
+    leaders = [name for name, count in counts.items() if count == best]
+    if best > 0 and len(leaders) == 1:
+        return known[leaders[0]]
+    claimed = notebook.get("metadata", {}).get("course", {}).get("chapter")
+    return known.get(claimed)

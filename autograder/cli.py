@@ -1,38 +1,34 @@
 """``python -m autograder``: grade notebooks through nbgrader, grade a class, release exercises.
 
     python -m autograder grade NOTEBOOK... [--json FILE] [--jobs N]
-    python -m autograder grade-all DIR|ZIP [--db URL] [--csv FILE] [--json FILE] [--jobs N]
-                                   [--feedback DIR] [--state FILE]
+    python -m autograder grade-all DIR|ZIP [--course-dir DIR] [--db URL] [--csv FILE]
+                                   [--json FILE] [--jobs N] [--feedback DIR] [--state FILE]
+    python -m autograder course-dir DIR [--chapters 1-3] [--course-id ID] [--exchange DIR]
     python -m autograder release
     python -m autograder repository URL
 
-``grade-all`` takes a folder of ``<learner>/<NN_slug>.ipynb`` (nbgrader's ``collect`` writes
-``submitted/<learner>/<NN_slug>/<NN_slug>.ipynb``, also accepted), or a zip of uploads from
-a learning platform holding either layout or flat files named ``<learner>_<NN_slug>.ipynb``.
-It grades N submissions at a time, shows progress, writes every learner's feedback page,
-exports CSV (and JSON), and resumes: a submission whose content is unchanged since it was
-last graded (by SHA-256, recorded in the state file) is not graded again.
+``grade-all`` takes nbgrader's ``submitted/`` folder (or the course directory holding it), a
+folder of ``<learner>/<NN_slug>.ipynb``, or a zip of uploads from a learning platform in
+either layout or with flat files named ``<learner>_<NN_slug>.ipynb`` (see
+``autograder.submissions``). It grades N submissions at a time, shows progress, writes every
+learner's feedback page, a CSV row for every grade and every file not graded (and JSON), and
+resumes: a submission whose content is unchanged since it was last graded (by SHA-256, kept
+per learner and chapter in the state file) is not graded again.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import re
 import sys
 import tempfile
 import zipfile
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
 from pathlib import Path
 
-from autograder.chapters import Chapter, NotGradable, chapters, load_submission, recognise
-from autograder.pipeline import GradingCourse, Limits
-from autograder.report import NotebookResult, TestResult, format_report
-
-_CHAPTER_NAME = re.compile(r"(\d\d_[a-z0-9_]+)\.ipynb$")
+from autograder.chapters import chapters, class_chapters
+from autograder.pipeline import Grader, Limits
+from autograder.report import NotebookResult, format_report
 
 
 def _runtime_label() -> str:
@@ -55,19 +51,31 @@ def _parser() -> argparse.ArgumentParser:
     class_ = commands.add_parser("grade-all", help="grade a class into an nbgrader gradebook, "
                                  "with feedback pages, CSV and JSON")
     class_.add_argument("submissions", type=Path, metavar="DIR|ZIP")
-    class_.add_argument("--db", default="sqlite:///gradebook.db",
-                        help="gradebook, any SQLAlchemy URL (default: sqlite:///gradebook.db)")
+    class_.add_argument("--course-dir", type=Path, metavar="DIR",
+                        help="the class's nbgrader course directory: its source/ notebooks "
+                        "and its gradebook are used (found by itself when DIR is the course "
+                        "directory or its submitted/ folder)")
+    class_.add_argument("--db", help="gradebook, any SQLAlchemy URL (default: the course "
+                        "directory's, else sqlite:///gradebook.db)")
     class_.add_argument("--csv", type=Path, default=Path("grades.csv"),
-                        help="where to export the scores (default: grades.csv)")
+                        help="where to write the scores (default: grades.csv)")
     class_.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
-    class_.add_argument("--feedback", type=Path, default=Path("feedback"), metavar="DIR",
-                        help="feedback pages, DIR/<learner>/<NN_slug>.html (default: feedback)")
+    class_.add_argument("--feedback", type=Path, metavar="DIR",
+                        help="feedback pages, DIR/<learner>/<NN_slug>/<NN_slug>.html as "
+                        "nbgrader lays them out (default: the course directory's feedback/, "
+                        "else feedback)")
     class_.add_argument("--state", type=Path, default=Path("grading-state.json"),
                         metavar="FILE", help="what was graded, by content hash, for resuming "
                         "(default: grading-state.json)")
-    class_.add_argument("--course-dir", type=Path, metavar="DIR",
-                        help="keep nbgrader's course directory here (default: a temporary one)")
     _limits(class_, default_jobs=os.cpu_count() or 1)
+
+    setup = commands.add_parser("course-dir", help="set up a class's nbgrader course "
+                                "directory: source/ from the solutions, nbgrader_config.py")
+    setup.add_argument("directory", type=Path, metavar="DIR")
+    setup.add_argument("--chapters", default="all", help="for example 1-3,5 (default: all)")
+    setup.add_argument("--course-id", default="paged-kv-course")
+    setup.add_argument("--exchange", type=Path, metavar="DIR",
+                       help="nbgrader's exchange folder (c.Exchange.root), for a JupyterHub")
 
     commands.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
     where = commands.add_parser("repository", help="set the repository URL that Colab installs "
@@ -102,64 +110,6 @@ def _absolute_db(url: str) -> str:
     return url
 
 
-def _learner_id(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_-]", "-", name) or "learner"
-
-
-@dataclass
-class Submission:
-    path: Path
-    learner: str
-    feedback: Path | None = None
-
-
-def grade(submissions: list[Submission], course: GradingCourse, jobs: int = 1,
-          progress: bool = False, done_already: dict[int, NotebookResult] | None = None
-          ) -> tuple[list[NotebookResult | None], list[str]]:
-    """Grade each submission (``jobs`` at a time) and record it in ``course``'s gradebook;
-    return the results in order (None for a file that was not graded) and one error line per
-    such file. ``done_already`` maps indices to results to reuse instead of grading."""
-    known = chapters()
-    results: list[NotebookResult | None] = [None] * len(submissions)
-    errors: dict[int, str] = {}
-    work: dict[int, Chapter] = {}
-    for index, submission in enumerate(submissions):
-        if done_already and index in done_already:
-            results[index] = done_already[index]
-            continue
-        try:
-            work[index] = recognise(submission.path, load_submission(submission.path), known)
-            course.release(work[index])  # once per chapter, before the threads start
-        except NotGradable as exc:
-            errors[index] = str(exc)
-    finished = len(submissions) - len(work)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(course.autograde, chapter, submissions[i].learner,
-                               submissions[i].path, submissions[i].feedback): i
-                   for i, chapter in work.items()}
-        for future in as_completed(futures):
-            index = futures[future]
-            try:
-                results[index] = future.result()
-                course.record(submissions[index].learner, results[index])
-            except NotGradable as exc:
-                errors[index] = str(exc)
-            finished += 1
-            if progress:
-                _progress(finished, len(submissions), submissions[index], results[index])
-    return results, [errors[i] for i in sorted(errors)]
-
-
-def _progress(done: int, total: int, submission: Submission,
-              result: NotebookResult | None) -> None:
-    width = 30
-    bar = "#" * (width * done // total) + "." * (width - width * done // total)
-    outcome = (f"{result.score:g}/{result.max_score:g}" if result is not None
-               else "not gradable")
-    print(f"[{bar}] {done}/{total} {submission.learner} {submission.path.name}: {outcome}",
-          file=sys.stderr, flush=True)
-
-
 def _write_json(destination: Path, results: list[NotebookResult], always_list: bool) -> None:
     payload = [r.to_json() for r in results]
     if len(payload) == 1 and not always_list:
@@ -167,74 +117,80 @@ def _write_json(destination: Path, results: list[NotebookResult], always_list: b
     destination.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
 
 
-def _finish(results: list[NotebookResult], errors: list[str]) -> int:
+def _finish(results: list[NotebookResult]) -> int:
+    """Print each report, then an error line per file not graded; the exit code."""
     for result in results:
-        print(format_report(result))
-    for error in errors:
-        print(f"error: {error}", file=sys.stderr)
-    return 1 if errors else 0
+        if result.graded:
+            print(format_report(result))
+    refused = [r for r in results if not r.graded]
+    for result in refused:
+        who = f" ({result.learner}, {result.chapter})" if result.learner else ""
+        print(f"error: {result.notebook}{who}: {result.error}", file=sys.stderr)
+    return 1 if refused else 0
 
 
-def collect(folder: Path) -> list[Submission]:
-    """Every submission under ``folder``: ``<learner>/<NN_slug>.ipynb``,
-    ``submitted/<learner>/<NN_slug>/<NN_slug>.ipynb`` (nbgrader's collect) or flat
-    ``<learner>_<NN_slug>.ipynb`` (a platform's download), in a stable order."""
-    found = []
-    for path in sorted(folder.rglob("*.ipynb")):
-        relative = path.relative_to(folder).parts
-        if any(part.startswith(".") for part in relative):
-            continue  # .ipynb_checkpoints and the like
-        if relative[0] == "submitted" and len(relative) == 4:
-            learner = relative[1]
-        elif len(relative) >= 2:
-            learner = relative[-2]
-        else:
-            match = _CHAPTER_NAME.search(path.name)
-            learner = path.name[:match.start()].rstrip("_-") if match else path.stem
-        found.append(Submission(path, _learner_id(learner)))
-    return found
+def _grade_notebooks(args: argparse.Namespace) -> int:
+    """A self-learner's grading: each notebook on its own, in a throwaway gradebook."""
+    from autograder.classroom import Graded, grade, read
+    from autograder.submissions import split_name
 
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _result_from_json(data: dict) -> NotebookResult:
-    return NotebookResult(data["notebook"], data["chapter"], data["runtime"],
-                          [TestResult(**t) for t in data["tests"]])
-
-
-def _grade_class(args: argparse.Namespace, folder: Path) -> int:
-    submissions = collect(folder)
-    if not submissions:
-        print(f"error: {args.submissions}: no <learner>/<NN_slug>.ipynb found", file=sys.stderr)
-        return 1
-    state = json.loads(args.state.read_text()) if args.state.exists() else {}
-    keys = [f"{s.learner}/{s.path.name}" for s in submissions]
-    digests = [_digest(s.path) for s in submissions]
-    reuse = {i: _result_from_json(state[k]["result"]) for i, k in enumerate(keys)
-             if k in state and state[k]["sha256"] == digests[i]}
-    for submission in submissions:
-        match = _CHAPTER_NAME.search(submission.path.name)
-        page = match.group(1) if match else submission.path.stem
-        submission.feedback = args.feedback.resolve() / submission.learner / f"{page}.html"
-    with tempfile.TemporaryDirectory(prefix="kv-course-class-") as scratch:
-        course = GradingCourse(args.course_dir or Path(scratch), _absolute_db(args.db),
-                               _limits_of(args), _runtime_label())
-        results, errors = grade(submissions, course, args.jobs, progress=True,
-                                done_already=reuse)
-        course.export_csv(args.csv)
-    for key, digest, result in zip(keys, digests, results, strict=True):
-        if result is not None:
-            state[key] = {"sha256": digest, "result": result.to_json()}
-    args.state.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
-    graded = [r for r in results if r is not None]
+    known = chapters()
+    entries = []
+    for path in args.notebooks:
+        named = split_name(path.name, known)
+        entries.append(Graded(str(path), "", named[1] if named else "", None, path))
+    read(entries, known)
+    with tempfile.TemporaryDirectory(prefix="kv-course-grade-") as scratch:
+        for index, entry in enumerate(entries):
+            entry.learner = f"learner-{index + 1:03d}"  # nbgrader needs one
+        grade(entries, Grader(Path(scratch), _limits_of(args), _runtime_label()), args.jobs)
+    results = [entry.result for entry in entries]
+    for result in results:
+        result.learner = ""  # no one's: a self-learner's own notebook
     if args.json:
-        _write_json(args.json, graded, always_list=True)
-    code = _finish(graded, errors)
-    print(f"{len(graded)} notebook(s) graded into {args.db} ({len(reuse)} unchanged since "
-          f"the last run, not graded again); scores exported to {args.csv}; feedback in "
-          f"{args.feedback}")
+        _write_json(args.json, results, always_list=len(args.notebooks) > 1)
+    return _finish(results)
+
+
+def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str] | None = None,
+                 times: dict | None = None) -> int:
+    from autograder import classdir
+    from autograder.classroom import ClassRun, grade_class
+    from autograder.gradebook import COURSE_ID, ClassGradebook
+    from autograder.submissions import collect, course_directory
+
+    course = args.course_dir or course_directory(folder)
+    if course is not None:
+        known, found = class_chapters(course), classdir.settings(course)
+        db_url, course_id = args.db or found.db_url, found.course_id
+        if not known:
+            print(f"error: {course}: no source/NN_slug/NN_slug.ipynb in this course directory "
+                  "(set it up with `python -m autograder course-dir`)", file=sys.stderr)
+            return 1
+    else:
+        known, db_url, course_id = chapters(), args.db or "sqlite:///gradebook.db", COURSE_ID
+    submissions, problems = collect(
+        folder, known, origin_of=(lambda p: origins.get(p.resolve(), str(p))) if origins else None,
+        time_of=(lambda p: times[p.resolve()]) if times else None)
+    if not submissions and not problems:
+        print(f"error: {args.submissions}: no notebooks found (expected "
+              "<learner>/<NN_slug>.ipynb, <learner>_<NN_slug>.ipynb or nbgrader's submitted/)",
+              file=sys.stderr)
+        return 1
+    args.feedback = args.feedback or (course / "feedback" if course else Path("feedback"))
+    args.feedback.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kv-course-class-") as scratch:
+        run = ClassRun(ClassGradebook(_absolute_db(db_url), course_id),
+                       Grader(Path(scratch), _limits_of(args), _runtime_label(), course_id),
+                       known, args.state, args.csv, args.feedback, args.json, args.jobs)
+        entries = grade_class(run, submissions, problems)
+    code = _finish([e.result for e in entries])
+    now = sum(e.result.graded and not e.reused for e in entries)
+    again = sum(e.reused for e in entries)
+    refused = sum(not e.result.graded for e in entries)
+    print(f"{len(entries)} submission(s): {now} graded now, {again} unchanged since they were "
+          f"last graded (not graded again), {refused} not graded (see the error lines); "
+          f"gradebook {run.book.db_url}, scores in {args.csv}, feedback in {args.feedback}")
     return code
 
 
@@ -248,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.command == "repository":
-        from autograder.chapters import chapters
         from autograder.repository import set_url
 
         try:
@@ -260,23 +215,28 @@ def main(argv: list[str] | None = None) -> int:
               f"point at {args.url}; run `make exercises` and commit")
         return 0
 
+    if args.command == "course-dir":
+        from autograder.classdir import parse_chapters, write_course_dir
+
+        try:
+            selected = parse_chapters(args.chapters, chapters())
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        for path in write_course_dir(args.directory, selected, args.course_id, args.exchange):
+            print(f"wrote {path}")
+        return 0
+
     if args.command == "grade":
-        with tempfile.TemporaryDirectory(prefix="kv-course-grade-") as root:
-            course = GradingCourse(Path(root), "", _limits_of(args), _runtime_label())
-            submissions = [Submission(p, f"learner-{i + 1:03d}")
-                           for i, p in enumerate(args.notebooks)]
-            results, errors = grade(submissions, course, args.jobs)
-        graded = [r for r in results if r is not None]
-        if args.json:
-            _write_json(args.json, graded, always_list=len(args.notebooks) > 1)
-        return _finish(graded, errors)
+        return _grade_notebooks(args)
 
     source = args.submissions
     if source.is_file() and zipfile.is_zipfile(source):
+        from autograder.submissions import unpack
+
         with tempfile.TemporaryDirectory(prefix="kv-course-uploads-") as unpacked:
-            with zipfile.ZipFile(source) as archive:
-                archive.extractall(unpacked)
-            return _grade_class(args, Path(unpacked))
+            origins, times = unpack(source, Path(unpacked))
+            return _grade_class(args, Path(unpacked), origins, times)
     if not source.is_dir():
         print(f"error: {source}: not a directory or a zip file", file=sys.stderr)
         return 1

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import nbformat
 from nbconvert import HTMLExporter
+from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
 from autograder.report import NotebookResult
 
@@ -45,3 +47,25 @@ def write_feedback(executed: Path, result: NotebookResult, destination: Path) ->
     destination.parent.mkdir(parents=True, exist_ok=True)
     body, _ = HTMLExporter().from_notebook_node(feedback_notebook(executed, result))
     destination.write_text(body, encoding="utf-8")
+
+
+class HideHiddenTests(Preprocessor):
+    """For nbgrader's own ``generate_feedback`` (``course-dir`` configures it): hidden-test
+    regions leave the test cells, and every error output becomes its one-line message (a
+    failing check's hint), with no traceback."""
+
+    enabled = Bool(True)  # nbconvert's preprocessors are off unless enabled
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type == "code":
+            cell.source = _HIDDEN.sub("# (hidden tests)\n", cell.source)
+            cell.outputs = [_without_traceback(o) for o in cell.get("outputs", [])]
+        return cell, resources
+
+
+def _without_traceback(output):
+    if output.get("output_type") != "error":
+        return output
+    name, value = output.get("ename", ""), output.get("evalue", "")
+    text = value if name == "AssertionError" and value else f"{name}: {value}"
+    return nbformat.v4.new_output("stream", name="stdout", text=f"FAILED: {text}\n")

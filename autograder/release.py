@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.chapters import EXERCISES, Chapter, chapters
-from autograder.pipeline import GradingCourse
+from autograder.pipeline import Grader
 
 
 def clear_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -25,9 +25,9 @@ def clear_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return notebook
 
 
-def render_exercise(course: GradingCourse, chapter: Chapter) -> str:
+def render_exercise(grader: Grader, chapter: Chapter) -> str:
     """The learner notebook for ``chapter``, as the text ``exercises/`` should hold."""
-    released = course.release(chapter)
+    released = grader.released(chapter)
     notebook = clear_outputs(nbformat.read(released, as_version=4))
     return nbformat.writes(notebook) + "\n"
 
@@ -37,9 +37,9 @@ def release_all(destination: Path = EXERCISES) -> list[Path]:
     destination.mkdir(parents=True, exist_ok=True)
     written = []
     with tempfile.TemporaryDirectory(prefix="kv-course-release-") as workdir:
-        course = GradingCourse(Path(workdir))
+        grader = Grader(Path(workdir))
         for chapter in chapters().values():
             path = destination / f"{chapter.name}.ipynb"
-            path.write_text(render_exercise(course, chapter), encoding="utf-8")
+            path.write_text(render_exercise(grader, chapter), encoding="utf-8")
             written.append(path)
     return written

@@ -20,10 +20,17 @@ class TestResult:
 
 @dataclass
 class NotebookResult:
-    notebook: str
+    notebook: str  # the file as handed in: its path, or ``archive.zip:entry``
     chapter: str
     runtime: str  # what executed the notebook: a GPU's name, or the Triton CPU interpreter
     tests: list[TestResult]
+    learner: str = ""
+    timestamp: str = ""  # when it was handed in (UTC, ISO 8601), where known
+    error: str = ""  # why it was not graded at all; then ``tests`` is empty
+
+    @property
+    def graded(self) -> bool:
+        return not self.error
 
     @property
     def score(self) -> float:
@@ -34,9 +41,16 @@ class NotebookResult:
         return sum(t.max_points for t in self.tests)
 
     def to_json(self) -> dict:
-        return {"notebook": self.notebook, "chapter": self.chapter, "runtime": self.runtime,
-                "score": self.score, "max_score": self.max_score,
-                "tests": [asdict(t) for t in self.tests]}
+        return {"learner": self.learner, "notebook": self.notebook, "chapter": self.chapter,
+                "timestamp": self.timestamp, "status": "graded" if self.graded else "not graded",
+                "error": self.error, "runtime": self.runtime, "score": self.score,
+                "max_score": self.max_score, "tests": [asdict(t) for t in self.tests]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> NotebookResult:
+        return cls(data["notebook"], data["chapter"], data["runtime"],
+                   [TestResult(**t) for t in data["tests"]], data.get("learner", ""),
+                   data.get("timestamp", ""), data.get("error", ""))
 
 
 def failure_message(outputs: list | None) -> str:
@@ -59,8 +73,12 @@ def failure_message(outputs: list | None) -> str:
 
 def format_report(result: NotebookResult) -> str:
     """A per-test table with the hint under each failing test."""
+    who = f" ({result.learner})" if result.learner else ""
+    if not result.graded:
+        return f"{result.notebook}{who}: chapter {result.chapter or '?'}, not graded: " \
+            f"{result.error}"
     width = max([len(t.id) for t in result.tests] + [4])
-    lines = [f"{result.notebook}: chapter {result.chapter}, graded on {result.runtime}",
+    lines = [f"{result.notebook}{who}: chapter {result.chapter}, graded on {result.runtime}",
              f"  {'test':<{width}}  {'points':>9}  result"]
     for test in result.tests:
         points = f"{test.points:g} / {test.max_points:g}"

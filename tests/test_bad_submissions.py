@@ -88,6 +88,12 @@ def _rename_first_test(notebook) -> None:
     _grade_cells(notebook)[0].metadata["nbgrader"]["grade_id"] = "test_free_points"
 
 
+def _ungrade_tests(notebook) -> None:
+    for cell in _grade_cells(notebook):
+        cell.metadata["nbgrader"].update(grade=False, locked=False, points=0)
+        cell.source = "pass"
+
+
 def _unlock_everything(notebook) -> None:
     for cell in notebook.cells:
         if cell.metadata.get("nbgrader", {}).get("locked"):
@@ -123,6 +129,23 @@ for pattern in ["../../../*.db", "../../../*/*/*/*.ipynb", "../../../*.py"]:
         pathlib.Path(path).write_text("overwritten by a learner")
 '''
 
+# Processes that try to outlive grading: one in a session of its own, one double-forked.
+ESCAPE_MARKER = "kv-course-escapee"
+_ESCAPES = f'''
+import os
+import subprocess
+import sys
+
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", "{ESCAPE_MARKER}"],
+                 start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)",
+                                  "{ESCAPE_MARKER}"])
+    os._exit(0)
+'''
+
 _OBFUSCATED_PATCH = '''
 import importlib
 checks = importlib.import_module("autogr" + "ader.checks.ch01")
@@ -153,11 +176,12 @@ def cases() -> dict[str, tuple[str, nbformat.NotebookNode | bytes, float | None]
                         f["02"] - 3),
         "output-flood": (name["06"], broken("06", "for i in range(300_000):\n"
                                                   "    print('flood', i)\n"), f["06"] - 3),
-        "deleted-test": (name["03"], _edited("03", _drop_first_test), f["03"] - 1),
+        "deleted-test": (name["03"], _edited("03", _drop_first_test), f["03"]),
         "emptied-tests": (name["04"], _edited("04", _empty_tests), f["04"]),
         "reordered-tests": (name["05"], _edited("05", _tests_last), f["05"]),
         "inflated-points": (name["01"], _edited("01", _inflate_points), f["01"]),
-        "renamed-test": (name["02"], _edited("02", _rename_first_test), f["02"] - 1),
+        "renamed-test": (name["02"], _edited("02", _rename_first_test), f["02"]),
+        "tests-ungraded-and-unlocked": (name["05"], _edited("05", _ungrade_tests), f["05"]),
         "unlocked-cells": (name["06"], _edited("06", _unlock_everything), f["06"]),
         "duplicated-tests": (name["07"], _edited("07", _duplicate_tests), f["07"]),
         "fake-outputs": (name["08"], _fake_outputs("08"), 0.0),
@@ -174,7 +198,9 @@ def cases() -> dict[str, tuple[str, nbformat.NotebookNode | bytes, float | None]
             3, nbformat.v4.new_code_cell(_WRITES_AROUND))), f["04"]),
         "old-nbformat": (name["05"], nbformat.writes(
             nbformat.v4.downgrade(solved("05")), version=3).encode(), f["05"]),
-        "wrong-chapter": (name["02"], solved("01"), f["01"]),
+        "wrong-chapter": (name["02"], solved("01"), None),
+        "own-session": (name["01"], _edited("01", lambda nb: nb.cells.insert(
+            3, nbformat.v4.new_code_cell(_ESCAPES))), f["01"]),
         "fifty-megabytes": (name["08"], _huge("08"), f["08"]),
         "corrupt-json": (name["03"], b'{"cells": [', None),
         "empty-file": (name["04"], b"", None),
@@ -204,10 +230,10 @@ def graded(tmp_path_factory):
 
 def test_every_case_gets_exactly_its_score(graded):
     folder, done, expected, _ = graded
-    results = {Path(r["notebook"]).parent.name: r for r in
-               json.loads((folder / "results.json").read_text())}
-    got = {learner: results[learner]["score"] if learner in results else None
-           for learner in expected}
+    results = {r["learner"]: r for r in json.loads((folder / "results.json").read_text())}
+    assert set(results) == set(expected)  # every file has an entry, under its learner
+    got = {learner: r["score"] if r["status"] == "graded" else None
+           for learner, r in results.items()}
     lost = {learner: [(t["id"], t["message"]) for t in results[learner]["tests"]
                       if not t["passed"]]
             for learner in expected if learner in results and got[learner] != expected[learner]}
@@ -224,14 +250,15 @@ def test_refused_files_get_one_error_line_and_the_batch_goes_on(graded):
     assert done.returncode == 1  # some files could not be graded, and the run says so
 
 
-def test_the_gradebook_holds_exactly_the_graded_submissions(graded):
+def test_every_file_has_one_row_and_the_gradebook_exactly_the_graded_ones(graded):
     folder, _, expected, _ = graded
     with open(folder / "grades.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    best: dict[str, float] = {}
-    for row in rows:
-        best[row["student_id"]] = max(best.get(row["student_id"], 0.0), float(row["score"]))
-    assert best == {learner: score for learner, score in expected.items() if score is not None}
+    assert sorted(r["student_id"] for r in rows) == sorted(expected)
+    assert {r["student_id"]: float(r["score"]) for r in rows if r["status"] == "graded"} == \
+        {learner: score for learner, score in expected.items() if score is not None}
+    assert {r["student_id"] for r in rows if r["status"] == "not graded"} == \
+        {learner for learner, score in expected.items() if score is None}
     state = json.loads((folder / "grading-state.json").read_text())
     assert len(state) == sum(score is not None for score in expected.values())
 
@@ -243,7 +270,20 @@ def test_the_batch_finishes_in_bounded_time(graded):
 
 def test_feedback_pages_show_hints_but_not_hidden_tests(graded):
     folder, *_ = graded
-    page = (folder / "feedback" / "endless-loop" / f"{BY_NUMBER['01'].name}.html").read_text()
+    chapter = BY_NUMBER["01"].name
+    page = (folder / "feedback" / "endless-loop" / chapter / f"{chapter}.html").read_text()
     assert "ran past its time limit" in page or "CellTimeoutError" in page or "FAILED" in page
     assert "BEGIN HIDDEN TESTS" not in page and "_thoroughly(" not in page
     assert "Traceback" not in page
+
+
+def test_nothing_a_submission_started_is_still_running(graded):
+    running = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:  # not a process, or it ended while we looked
+            continue
+        if ESCAPE_MARKER.encode() in command:
+            running.append(command.replace(b"\0", b" ").decode())
+    assert running == []

@@ -1,9 +1,12 @@
-"""Grading a class: resuming, a platform's zip of uploads, nbgrader's own exchange, the same
-grade every time, and the tamper guard on its own."""
+"""Grading a class as an instructor does from the README: nbgrader's own exchange with late
+resubmissions, a learning platform's zip in every layout with every kind of mistake; every
+learner's every grade lands under their exact id, with its time; the same grade every time;
+and the tamper guard on its own."""
 
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
 import os
 import subprocess
@@ -28,44 +31,176 @@ def run(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=1200, env=env)
 
 
-def scores(csv_path: Path) -> dict[tuple[str, str], float]:
+def csv_rows(csv_path: Path) -> list[dict]:
     with open(csv_path, newline="") as handle:
-        return {(r["student_id"], r["assignment"]): float(r["score"])
-                for r in csv.DictReader(handle)}
+        return list(csv.DictReader(handle))
 
 
-def test_a_second_run_grades_nothing_new_and_a_changed_notebook_again(tmp_path):
-    uploads = tmp_path / "uploads"
-    for learner, fraction in (("ada", 1.0), ("bo", 0.5)):
-        path = uploads / learner / f"{FIRST.name}.ipynb"
-        path.parent.mkdir(parents=True)
-        nbformat.write(synthetic.solved(FIRST, fraction), path)
-    first = run("grade-all", uploads, "--jobs", "2", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    assert "(0 unchanged" in first.stdout and "2/2" in first.stderr  # progress bar
-    again = run("grade-all", uploads, cwd=tmp_path)
-    assert "(2 unchanged since the last run, not graded again)" in again.stdout
-    assert "[" not in again.stderr  # nothing was graded, so no progress lines
-    nbformat.write(synthetic.solved(FIRST), uploads / "bo" / f"{FIRST.name}.ipynb")
-    third = run("grade-all", uploads, cwd=tmp_path)
-    assert "(1 unchanged" in third.stdout and "bo" in third.stderr
-    full = scores(tmp_path / "grades.csv")
-    assert full[("ada", FIRST.name)] == full[("bo", FIRST.name)] > 0
-    assert (tmp_path / "feedback" / "bo" / f"{FIRST.name}.html").exists()
+def full_marks(chapter) -> float:
+    return sum(points for _, points in chapter.test_cells())
 
 
-def test_a_zip_of_uploads_from_a_learning_platform(tmp_path):
-    archive = tmp_path / "uploads.zip"
-    with zipfile.ZipFile(archive, "w") as bundle:
-        bundle.writestr(f"cy_{FIRST.name}.ipynb", nbformat.writes(synthetic.solved(FIRST)))
-        bundle.writestr(f"di_{SECOND.name}.ipynb",
-                        nbformat.writes(synthetic.solved(SECOND, 0.0)))
-    done = run("grade-all", archive, "--json", "r.json", cwd=tmp_path)
+def gradebook(db: Path, course_id: str) -> dict[tuple[str, str], tuple[float, dt.datetime]]:
+    """(learner, chapter) -> (score, timestamp), read with nbgrader's own API."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{db}", course_id) as book:
+        return {(s.student_id, a.name): (s.score, s.timestamp)
+                for a in book.assignments for s in a.submissions}
+
+
+def _nbgrader(*args, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
+                                                 os.environ.get("PATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _submit(home: Path, learner: str, chapter, notebook) -> dt.datetime:
+    """A learner fetches ``chapter``, writes ``notebook`` over it and submits; when."""
+    fetched = home / chapter.name / f"{chapter.name}.ipynb"
+    if not fetched.exists():
+        _nbgrader("fetch_assignment", chapter.name, cwd=home)
+    nbformat.write(notebook, fetched)
+    _nbgrader("submit", chapter.name, "--student", learner, cwd=home)
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def test_a_class_through_nbgrader_exchange_as_the_readme_says(tmp_path):
+    """Three learners (ids with digits, underscores, dots, hyphens) hand in two chapters
+    through nbgrader's exchange; one resubmits late. Every grade lands under its learner with
+    nbgrader's timestamp; a rerun grades nothing; the late one alone is graded again; the
+    class's own source is never overwritten; stock generate_feedback hides hidden tests."""
+    exchange, course = tmp_path / "exchange", tmp_path / "class"
+    exchange.mkdir()
+    exchange.chmod(0o777)
+    made = run("course-dir", course, "--chapters", "1-2", "--course-id", "kvcourse",
+               "--exchange", exchange, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    # the class publishes from its own repository: its setup cell differs from the package's
+    source = course / "source" / FIRST.name / f"{FIRST.name}.ipynb"
+    source.write_text(source.read_text().replace("github.com/paged-kv-course/paged-kv-course",
+                                                 "git.example.edu/kv/class"))
+    for chapter in (FIRST, SECOND):
+        _nbgrader("generate_assignment", chapter.name, cwd=course)
+        _nbgrader("release_assignment", chapter.name, cwd=course)
+    handed_in = {  # learner -> chapter -> (notebook, expected score)
+        "20231234": {FIRST: (synthetic.solved(FIRST), full_marks(FIRST)),
+                     SECOND: (synthetic.solved(SECOND), full_marks(SECOND))},
+        "ada_lovelace": {FIRST: (synthetic.solved(FIRST, 0.5), full_marks(FIRST) / 2)},
+        "bo.b-3": {FIRST: (synthetic.broken(FIRST, "def broken(:\n"), full_marks(FIRST) - 3)},
+    }
+    for learner, work in handed_in.items():
+        home = tmp_path / "home" / learner
+        home.mkdir(parents=True)
+        (home / "nbgrader_config.py").write_text(
+            f"c = get_config()\nc.CourseDirectory.course_id = 'kvcourse'\n"
+            f"c.Exchange.root = {str(exchange)!r}\n")
+        for chapter, (notebook, _) in work.items():
+            _submit(home, learner, chapter, notebook)
+    for chapter in (FIRST, SECOND):
+        _nbgrader("collect", chapter.name, cwd=course)
+
+    done = run("grade-all", "submitted", "--jobs", "2", cwd=course)
     assert done.returncode == 0, done.stderr
-    got = scores(tmp_path / "grades.csv")
-    assert got[("cy", FIRST.name)] > 0 and got[("di", SECOND.name)] == 0
-    assert {Path(r["notebook"]).name for r in json.loads((tmp_path / "r.json").read_text())} \
-        == {f"cy_{FIRST.name}.ipynb", f"di_{SECOND.name}.ipynb"}
+    assert "4 submission(s): 4 graded now, 0 unchanged" in done.stdout
+    book = gradebook(course / "gradebook.db", "kvcourse")
+    expected = {(learner, chapter.name): score for learner, work in handed_in.items()
+                for chapter, (_, score) in work.items()}
+    assert {key: score for key, (score, _) in book.items()} == expected
+    from nbgrader.utils import parse_utc
+
+    for (learner, chapter), (_, stamp) in book.items():
+        written = course / "submitted" / learner / chapter / "timestamp.txt"
+        assert stamp == parse_utc(written.read_text().strip())
+    rows = {(r["student_id"], r["assignment"]): r for r in csv_rows(course / "grades.csv")}
+    assert {key: float(r["score"]) for key, r in rows.items()} == expected
+    assert all(r["status"] == "graded" for r in rows.values())
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", "kvcourse") as registered:
+        setup = registered.find_source_cell("setup", FIRST.name, FIRST.name)
+        assert "git.example.edu/kv/class" in setup.source  # the class's own, kept
+
+    again = run("grade-all", "submitted", cwd=course)
+    assert "4 submission(s): 0 graded now, 4 unchanged" in again.stdout, again.stdout
+    assert gradebook(course / "gradebook.db", "kvcourse") == book
+
+    late = _submit(tmp_path / "home" / "ada_lovelace", "ada_lovelace", FIRST,
+                   synthetic.solved(FIRST))
+    _nbgrader("collect", "--update", FIRST.name, cwd=course)
+    third = run("grade-all", "submitted", cwd=course)
+    assert "4 submission(s): 1 graded now, 3 unchanged" in third.stdout, third.stdout
+    assert "ada_lovelace" in third.stderr and "20231234" not in third.stderr  # progress lines
+    now = gradebook(course / "gradebook.db", "kvcourse")
+    score, stamp = now[("ada_lovelace", FIRST.name)]
+    assert score == full_marks(FIRST) and abs((stamp - late).total_seconds()) < 60
+    assert stamp > book[("ada_lovelace", FIRST.name)][1]
+    assert {k: v for k, v in now.items() if k[0] != "ada_lovelace"} == \
+        {k: v for k, v in book.items() if k[0] != "ada_lovelace"}
+
+    # nbgrader's own autograde and feedback on the same course, with the shipped config
+    _nbgrader("autograde", FIRST.name, "--student", "bo.b-3", "--force", cwd=course)
+    _nbgrader("generate_feedback", FIRST.name, "--student", "bo.b-3", "--force", cwd=course)
+    page = (course / "feedback" / "bo.b-3" / FIRST.name / f"{FIRST.name}.html").read_text()
+    assert "FAILED" in page and "BEGIN HIDDEN TESTS" not in page
+    assert "_thoroughly(" not in page and "output_error" not in page  # no traceback output
+    assert not list(course.rglob(".hypothesis"))
+
+
+def test_a_platform_zip_in_every_layout_with_every_mistake(tmp_path):
+    """Nested and flat uploads in one top-level folder, numeric ids that differ only in their
+    last digits, a notebook handed in as the wrong chapter, a damaged file, two files for one
+    learner and chapter: every file gets exactly one row, under its exact learner."""
+    top = "moodle-export-2026/"
+    uploads = {
+        f"{top}ada/{FIRST.name}.ipynb": (synthetic.solved(FIRST), full_marks(FIRST)),
+        f"{top}s1234567_{FIRST.name}.ipynb": (synthetic.solved(FIRST, 0.5),
+                                               full_marks(FIRST) / 2),
+        f"{top}s1234589_{FIRST.name}.ipynb": (synthetic.solved(FIRST), full_marks(FIRST)),
+        f"{top}cy_{SECOND.name}.ipynb": (synthetic.solved(FIRST), "its cells say so"),
+        f"{top}di_{FIRST.name}.ipynb": (b'{"cells": [', "corrupt notebook"),
+        f"{top}eve/{FIRST.name}.ipynb": (synthetic.solved(FIRST), "2 files are eve's"),
+        f"{top}eve_{FIRST.name}.ipynb": (synthetic.solved(FIRST), "2 files are eve's"),
+    }
+    when = (2026, 11, 30, 23, 59, 58)
+    with zipfile.ZipFile(tmp_path / "uploads.zip", "w") as archive:
+        for name, (contents, _) in uploads.items():
+            data = contents if isinstance(contents, bytes) else nbformat.writes(contents)
+            archive.writestr(zipfile.ZipInfo(name, when), data)
+    done = run("grade-all", "uploads.zip", "--json", "r.json", "--jobs", "2", cwd=tmp_path)
+    assert done.returncode == 1  # some files were not graded, and the run says so
+    assert "7 submission(s): 3 graded now, 0 unchanged since they were last graded " \
+           "(not graded again), 4 not graded" in done.stdout
+    entries = {e["notebook"]: e for e in json.loads((tmp_path / "r.json").read_text())}
+    assert set(entries) == {f"uploads.zip:{name}" for name in uploads}
+    rows = csv_rows(tmp_path / "grades.csv")
+    assert len(rows) == len(uploads)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 4 and not any("/tmp" in line for line in errors)
+    for name, (_, outcome) in uploads.items():
+        entry = entries[f"uploads.zip:{name}"]
+        row = next(r for r in rows if r["file"] == f"uploads.zip:{name}")
+        learner = name.removeprefix(top).split("/")[0].split(f"_{SECOND.name}")[0] \
+            .split(f"_{FIRST.name}")[0]
+        assert entry["learner"] == row["student_id"] == learner
+        assert entry["timestamp"] == row["timestamp"] == "2026-11-30 23:59:58"
+        if isinstance(outcome, float):
+            assert entry["status"] == "graded" and entry["score"] == outcome
+            assert float(row["score"]) == outcome and row["status"] == "graded"
+        else:
+            assert entry["status"] == row["status"] == "not graded"
+            assert outcome in entry["error"] and outcome in row["message"]
+            assert any(f"uploads.zip:{name}" in line and outcome in line for line in errors)
+    page = (tmp_path / "feedback" / "cy" / SECOND.name / f"{SECOND.name}.html").read_text()
+    assert "not graded" in page and FIRST.name in page
+    book = gradebook(tmp_path / "gradebook.db", "paged-kv-course")
+    assert {k: v[0] for k, v in book.items()} == {
+        ("ada", FIRST.name): full_marks(FIRST), ("s1234567", FIRST.name): full_marks(FIRST) / 2,
+        ("s1234589", FIRST.name): full_marks(FIRST)}
+    assert {v[1] for v in book.values()} == {dt.datetime(*when)}
 
 
 def test_grading_the_same_notebook_ten_times_gives_the_same_result(tmp_path):
@@ -82,45 +217,6 @@ def test_grading_the_same_notebook_ten_times_gives_the_same_result(tmp_path):
     assert len(results) == 10
     assert all(r["tests"] == results[0]["tests"] for r in results)
     assert 0 < results[0]["score"] < results[0]["max_score"]
-
-
-def test_nbgrader_exchange_submit_and_collect_then_grade_all(tmp_path):
-    """A JupyterHub class: the instructor releases through nbgrader's exchange, a learner
-    fetches and submits, the instructor collects; grade-all grades what was collected."""
-    exchange, course, home = tmp_path / "exchange", tmp_path / "course", tmp_path / "learner"
-    for folder in (exchange, course, home):
-        folder.mkdir()
-    exchange.chmod(0o777)
-    config = (f"c = get_config()\nc.CourseDirectory.course_id = 'kvcourse'\n"
-              f"c.Exchange.root = {str(exchange)!r}\n")
-    (course / "nbgrader_config.py").write_text(
-        config + f"c.CourseDirectory.root = {str(course)!r}\n")
-    (home / "nbgrader_config.py").write_text(config)
-    source = course / "source" / FIRST.name
-    source.mkdir(parents=True)
-    nbformat.write(nbformat.read(FIRST.source, as_version=4), source / f"{FIRST.name}.ipynb")
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
-                                                 os.environ.get("PATH", "")]))
-
-    def nbgrader(*args, cwd):
-        done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done
-
-    nbgrader("generate_assignment", FIRST.name, cwd=course)
-    nbgrader("release_assignment", FIRST.name, cwd=course)
-    nbgrader("fetch_assignment", FIRST.name, cwd=home)
-    fetched = home / FIRST.name / f"{FIRST.name}.ipynb"
-    nbformat.write(synthetic.solved(FIRST), fetched)  # the learner's work
-    nbgrader("submit", FIRST.name, cwd=home)
-    nbgrader("collect", FIRST.name, cwd=course)
-    done = run("grade-all", course / "submitted", "--db", "sqlite:///class.db", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    ((learner, chapter), score), = scores(tmp_path / "grades.csv").items()
-    assert chapter == FIRST.name and score == sum(
-        c.metadata["nbgrader"]["points"] for c in nbformat.read(FIRST.source, 4).cells
-        if c.metadata.get("nbgrader", {}).get("grade"))
 
 
 def test_the_guard_names_a_replaced_check_and_a_patched_library_function(monkeypatch):
@@ -168,13 +264,13 @@ def test_every_test_cell_verifies_the_guard_first():
 def test_notebooks_graded_side_by_side_share_the_cores(jobs, user_setting, expected, tmp_path,
                                                        monkeypatch):
     from autograder.cli import _limits_of, _parser
-    from autograder.pipeline import _run
+    from autograder.sandbox import run
 
     if user_setting is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", user_setting)
     limits = _limits_of(_parser().parse_args(["grade-all", "x", "--jobs", str(jobs)]))
-    printed = _run([sys.executable, "-c", "import os; print(os.environ.get('OMP_NUM_THREADS'))"],
+    printed = run([sys.executable, "-c", "import os; print(os.environ.get('OMP_NUM_THREADS'))"],
                    tmp_path, 30, limits)
     assert printed.strip() == str(expected)

@@ -78,7 +78,8 @@ def test_solution_full_exercise_zero_alternative_full(chapter, repo, tmp_path):
     assert other["score"] == full, [t["message"] for t in other["tests"] if not t["passed"]]
     assert solution["chapter"] == chapter.name
     assert "interpreter" in solution["runtime"] or "CUDA" in solution["runtime"]
-    assert set(solution) == {"notebook", "chapter", "runtime", "score", "max_score", "tests"}
+    assert set(solution) == {"learner", "notebook", "chapter", "timestamp", "status", "error",
+                             "runtime", "score", "max_score", "tests"}
     assert set(solution["tests"][0]) == {"id", "points", "max_points", "passed", "message"}
     assert f"score: {full:g} / {full:g}" in done.stdout and "graded on " in done.stdout
 
@@ -124,8 +125,9 @@ def test_a_damaged_notebook_is_reported_and_the_rest_are_graded(batch):
     assert done.returncode == 1
     errors = done.stderr.strip().splitlines()
     assert len(errors) == 1 and "corrupt notebook, not valid JSON" in errors[0]
-    assert graded["corrupt"] is None
-    assert all(graded[name] for name in ["mixed", "warned", "tampered"])
+    assert graded["corrupt"]["status"] == "not graded" and graded["corrupt"]["tests"] == []
+    assert "corrupt notebook, not valid JSON" in graded["corrupt"]["error"]
+    assert all(graded[name]["status"] == "graded" for name in ["mixed", "warned", "tampered"])
 
 
 def test_wrong_answers_lose_exactly_their_tests_with_their_hints(batch):
@@ -166,7 +168,8 @@ def test_the_printed_report_has_a_line_per_test_and_the_runtime(batch):
     ("01_kv_cache_sizing.ipynb", "", "the file is empty"),
     ("01_kv_cache_sizing.txt", "{}", "not a notebook"),
     ("99_not_a_chapter.ipynb", json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
-                                           "nbformat_minor": 5}), "unknown chapter"),
+                                           "nbformat_minor": 5}),
+     "not a notebook of this course's chapters"),
 ], ids=["missing", "corrupt-json", "empty", "wrong-extension", "unknown-chapter"])
 def test_a_file_that_cannot_be_graded_gets_one_clear_line(tmp_path, name, content, expected):
     path = tmp_path / name
@@ -209,7 +212,7 @@ def test_grade_all_fills_a_gradebook_and_exports_csv(repo, tmp_path):
     assert float(rows["ada"]["score"]) == FULL_MARKS
     assert float(rows["bo"]["score"]) == 0.0
     assert all(float(row["max_score"]) == FULL_MARKS for row in rows.values())
-    assert "2 notebook(s) graded" in done.stdout
+    assert "2 submission(s): 2 graded now" in done.stdout
 
 
 def test_grading_twice_gives_the_same_score(batch, repo, tmp_path):

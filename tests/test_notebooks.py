@@ -10,7 +10,7 @@ from conftest import CHAPTERS, REPO
 from run_notebooks import errors, execute
 
 from autograder.chapters import EXERCISES
-from autograder.pipeline import GradingCourse
+from autograder.pipeline import Grader
 from autograder.release import render_exercise
 
 NOTEBOOKS = [c.source for c in CHAPTERS] + [EXERCISES / c.source.name for c in CHAPTERS]
@@ -27,10 +27,10 @@ def test_committed_without_outputs(path):
 
 @pytest.mark.pipeline
 def test_exercises_are_generated_from_the_current_solutions(tmp_path):
-    course = GradingCourse(tmp_path)
+    grader = Grader(tmp_path)
     for chapter in CHAPTERS:
         committed = (EXERCISES / f"{chapter.name}.ipynb").read_text(encoding="utf-8")
-        assert render_exercise(course, chapter) == committed, (
+        assert render_exercise(grader, chapter) == committed, (
             f"exercises/{chapter.name}.ipynb is stale: run `make exercises` and commit it")
 
 

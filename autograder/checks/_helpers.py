@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -103,9 +105,27 @@ def _settings(max_examples: int, **extra: Any) -> Any:
     (nothing is written next to the notebook), one report: the shrunk, smallest failure."""
     from hypothesis import HealthCheck, settings
 
+    _keep_hypothesis_files_away()
+
     return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
                     print_blob=False, report_multiple_bugs=False,
                     suppress_health_check=list(HealthCheck), **extra)
+
+
+def _keep_hypothesis_files_away() -> None:
+    """hypothesis caches what it learns in ``.hypothesis/`` of the working folder: the
+    learner's folder, or nbgrader's ``autograded/``, which ``generate_feedback`` copies into
+    the learner's feedback. Unless told where (``HYPOTHESIS_STORAGE_DIRECTORY``), it goes to a
+    temporary folder of this process instead."""
+    if "home" not in _HYPOTHESIS and not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        from hypothesis.configuration import set_hypothesis_home_dir
+
+        _HYPOTHESIS["home"] = tempfile.mkdtemp(prefix="kv-course-hypothesis-")
+        set_hypothesis_home_dir(_HYPOTHESIS["home"])
+
+
+_HYPOTHESIS: dict[str, str] = {}  # one folder per process (mutated, never rebound: the
+# grader's guard notices a rebound name)
 
 
 def run_stateful(machine: type, max_examples: int, steps: int) -> None:

@@ -1,0 +1,145 @@
+"""Who handed in what: every layout a class's files arrive in maps to the exact learner ids.
+
+No nbgrader here: these tests read folders and zips the way ``grade-all`` does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import CHAPTERS
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autograder.submissions import collect, course_directory, split_name, unpack
+
+SLUGS = [c.name for c in CHAPTERS]
+FIRST, SECOND = SLUGS[0], SLUGS[1]
+
+# Learner ids as platforms and universities issue them: digits, underscores, dots, hyphens.
+# A leading dot would hide a folder (checkpoints), so ids start with a letter or digit.
+learner_ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,11}", fullmatch=True)
+
+
+def _nbgrader_exchange(root: Path, learner: str, chapter: str) -> Path:
+    return root / "submitted" / learner / chapter / f"{chapter}.ipynb"
+
+
+LAYOUTS = {
+    "nbgrader-submitted": lambda root, learner, chapter: (
+        root / learner / chapter / f"{chapter}.ipynb"),
+    "nbgrader-course-directory": _nbgrader_exchange,
+    "folder-per-learner": lambda root, learner, chapter: root / learner / f"{chapter}.ipynb",
+    "flat-underscore": lambda root, learner, chapter: root / f"{learner}_{chapter}.ipynb",
+    "flat-hyphen": lambda root, learner, chapter: root / f"{learner}-{chapter}.ipynb",
+    "flat-in-a-top-folder": lambda root, learner, chapter: (
+        root / "class-2026" / f"{learner}_{chapter}.ipynb"),
+    "folders-in-a-top-folder": lambda root, learner, chapter: (
+        root / "uploads" / learner / f"{chapter}.ipynb"),
+}
+
+
+def _write(path: Path, text: str = "{}") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _layout_folder(root: Path, layout: str, learners: list[str]) -> Path:
+    for index, learner in enumerate(learners):
+        _write(LAYOUTS[layout](root, learner, SLUGS[index % len(SLUGS)]))
+    if layout == "nbgrader-course-directory":  # what nbgrader keeps beside submitted/
+        for folder in ("source", "release", "autograded", "feedback"):
+            _write(root / folder / FIRST / f"{FIRST}.ipynb")
+        _write(root / "nbgrader_config.py", "c = get_config()\n")
+    return root
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(learners=st.lists(learner_ids, min_size=1, max_size=6, unique=True))
+def test_every_layout_yields_exactly_the_learners_it_holds(layout, learners, tmp_path_factory):
+    root = _layout_folder(tmp_path_factory.mktemp(layout), layout, learners)
+    found, problems = collect(root, SLUGS)
+    assert problems == []
+    assert sorted((s.learner, s.chapter) for s in found) == sorted(
+        (learner, SLUGS[i % len(SLUGS)]) for i, learner in enumerate(learners))
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(learners=st.lists(learner_ids, min_size=1, max_size=5, unique=True),
+       wrapped=st.booleans())
+def test_a_zip_with_or_without_a_top_folder_yields_the_same_learners(learners, wrapped,
+                                                                     tmp_path_factory):
+    folder = tmp_path_factory.mktemp("zip")
+    top = "export-2026-12-01/" if wrapped else ""
+    with zipfile.ZipFile(folder / "uploads.zip", "w") as archive:
+        for index, learner in enumerate(learners):
+            name = (f"{top}{learner}_{FIRST}.ipynb" if index % 2
+                    else f"{top}{learner}/{SECOND}.ipynb")
+            archive.writestr(zipfile.ZipInfo(name, (2026, 11, 30, 23, 59, 58)), "{}")
+    origins, times = unpack(folder / "uploads.zip", folder / "unpacked")
+    found, problems = collect(folder / "unpacked", SLUGS, lambda p: origins[p.resolve()],
+                              lambda p: times[p.resolve()])
+    assert problems == []
+    assert sorted(s.learner for s in found) == sorted(learners)
+    assert all(s.origin.startswith(f"uploads.zip:{top}") for s in found)
+    assert {s.timestamp for s in found} == {dt.datetime(2026, 11, 30, 23, 59, 58)}
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    (f"s1234567_{FIRST}.ipynb", ("s1234567", FIRST)),
+    (f"s1234589_{FIRST}.ipynb", ("s1234589", FIRST)),
+    (f"20231234_{SECOND}.ipynb", ("20231234", SECOND)),
+    (f"ada_lovelace_{FIRST}.ipynb", ("ada_lovelace", FIRST)),
+    (f"ada.l-99_{FIRST}.ipynb", ("ada.l-99", FIRST)),
+    (f"ada__{FIRST}.ipynb", ("ada_", FIRST)),
+    (f"{FIRST}.ipynb", ("", FIRST)),
+    (f"_{FIRST}.ipynb", None),
+    (f"ada_{FIRST}_v2.ipynb", None),
+    ("ada_notes.ipynb", None),
+], ids=["numeric-1", "numeric-2", "all-digits", "underscores", "dots-and-hyphens",
+        "trailing-underscore", "slug-alone", "separator-alone", "suffix-after-slug", "no-slug"])
+def test_a_file_name_splits_at_a_known_chapter_slug(name, expected):
+    assert split_name(name, SLUGS) == expected
+
+
+def test_two_files_for_one_learner_and_chapter_are_both_reported_and_neither_graded(tmp_path):
+    first = _write(tmp_path / "ada" / f"{FIRST}.ipynb")
+    second = _write(tmp_path / f"ada_{FIRST}.ipynb")
+    _write(tmp_path / "bo" / f"{FIRST}.ipynb")
+    found, problems = collect(tmp_path, SLUGS)
+    assert [(s.learner, s.chapter) for s in found] == [("bo", FIRST)]
+    assert len(problems) == 2 and {p.origin for p in problems} == {str(first), str(second)}
+    assert all(str(first) in p.message and str(second) in p.message for p in problems)
+    assert all((p.learner, p.chapter) == ("ada", FIRST) for p in problems)
+
+
+def test_a_path_that_names_no_learner_or_no_chapter_is_a_problem(tmp_path):
+    _write(tmp_path / f"{FIRST}.ipynb")
+    _write(tmp_path / "ada" / "homework.ipynb")
+    _write(tmp_path / ".ipynb_checkpoints" / f"ada_{FIRST}-checkpoint.ipynb")
+    found, problems = collect(tmp_path, SLUGS)
+    assert found == []
+    assert sorted(p.origin for p in problems) == sorted(
+        [str(tmp_path / f"{FIRST}.ipynb"), str(tmp_path / "ada" / "homework.ipynb")])
+    assert any("names its chapter but no learner" in p.message for p in problems)
+    assert any("names no chapter" in p.message for p in problems)
+
+
+def test_nbgrader_timestamps_are_read_and_the_course_directory_is_found(tmp_path):
+    course = _layout_folder(tmp_path / "course", "nbgrader-course-directory", ["ada", "bo"])
+    (course / "submitted" / "ada" / FIRST / "timestamp.txt").write_text(
+        "2026-12-01 09:30:00.000000 UTC")
+    assert course_directory(course) == course.resolve()
+    assert course_directory(course / "submitted") == course.resolve()
+    assert course_directory(course / "source") is None
+    found, problems = collect(course / "submitted", SLUGS)
+    assert problems == [] and [s.learner for s in found] == ["ada", "bo"]
+    assert found[0].timestamp == dt.datetime(2026, 12, 1, 9, 30)
+    assert found[1].timestamp is not None  # no timestamp.txt: the file's modification time
