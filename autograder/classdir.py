@@ -35,6 +35,8 @@ c.Execute.kernel_name = "python3"
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = {pattern!r}
 c.LimitOutput.max_lines = 1000
+# Before a graded notebook's first cell: the checks recorded, the chapter's answers guarded.
+c.Execute.extra_arguments = {kernel_arguments!r}
 # Feedback: the hidden tests' source and every traceback are replaced by the test's hint.
 c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, HideHiddenTests]
 '''
@@ -64,6 +66,7 @@ def write_course_dir(root: Path, selected: list[Chapter], course_id: str = COURS
                      exchange: Path | None = None) -> list[Path]:
     """Set up (or add chapters to) an nbgrader course directory; return what was written.
     A chapter already in ``source/`` is left as the class has it."""
+    from autograder.arming import KERNEL_ARGUMENTS
     from autograder.pipeline import WARNING_ON_STDERR
 
     root = root.resolve()
@@ -73,7 +76,8 @@ def write_course_dir(root: Path, selected: list[Chapter], course_id: str = COURS
     if not config.exists():
         line = f"c.Exchange.root = {str(exchange.resolve())!r}\n" if exchange else ""
         config.write_text(CONFIG.format(root=str(root), course_id=course_id, exchange=line,
-                                        pattern=WARNING_ON_STDERR), encoding="utf-8")
+                                        pattern=WARNING_ON_STDERR,
+                                        kernel_arguments=KERNEL_ARGUMENTS), encoding="utf-8")
         written.append(config)
     for chapter in selected:
         destination = root / "source" / chapter.name / f"{chapter.name}.ipynb"

@@ -77,6 +77,15 @@ def _parser() -> argparse.ArgumentParser:
     setup.add_argument("--exchange", type=Path, metavar="DIR",
                        help="nbgrader's exchange folder (c.Exchange.root), for a JupyterHub")
 
+    edition = commands.add_parser("edition", help="build the learner edition: the library "
+                                  "with the answers of chapters not revealed left out, the "
+                                  "visible checks, the exercises, a wheel")
+    edition.add_argument("destination", type=Path, metavar="DEST")
+    edition.add_argument("--reveal", default="", metavar="CHAPTERS",
+                         help="chapters whose answers stay in, for example 1-3 (default: none)")
+    edition.add_argument("--repository", metavar="URL",
+                         help="where the class publishes the edition (default: pyproject's)")
+
     commands.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
     where = commands.add_parser("repository", help="set the repository URL that Colab installs "
                                 "from and the README's Colab links open (then `release`)")
@@ -194,6 +203,28 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
     return code
 
 
+def _edition(args: argparse.Namespace) -> int:
+    import course
+    from autograder.classdir import parse_chapters
+    from autograder.edition import build
+
+    course.setup(quiet=True)  # the recordings run kernels: Triton's mode first
+    try:
+        revealed = {int(c.number) for c in parse_chapters(args.reveal, chapters())} \
+            if args.reveal else set()
+        edition = build(args.destination, revealed, args.repository)
+    except (ValueError, FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name, missing in edition.refused.items():
+        print(f"left out: {name} (its notebook runs the answers of chapters "
+              f"{', '.join(map(str, missing))}, not revealed)")
+    print(f"wrote {edition.root} (chapters {', '.join(c.number for c in edition.included)}; "
+          f"answers of {', '.join(map(str, edition.revealed)) or 'none'} revealed) and "
+          f"{edition.wheel}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "release":
@@ -214,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pyproject.toml, the solutions' setup cells and the README's Colab links now "
               f"point at {args.url}; run `make exercises` and commit")
         return 0
+
+    if args.command == "edition":
+        return _edition(args)
 
     if args.command == "course-dir":
         from autograder.classdir import parse_chapters, write_course_dir

@@ -4,12 +4,11 @@ A learner's cells run in the same Python process as the test cells, so they coul
 check (``ch01.check_x = lambda f: None``), patch what checks rely on (``torch.allclose =
 lambda *a, **k: True``) or swap a checks module in ``sys.modules``. Two defences:
 
-1. ``arm()`` runs in the first code cell (``course.setup()``, a locked cell nbgrader restores
-   from the source, so it runs before any learner code) when the notebook is being graded. It
-   imports every checks module and records the identity of everything in them and of the
-   library functions and builtins they use. ``verify()``, the first line of every test cell
-   (also restored from the source), raises ``AssertionError`` naming anything that changed
-   since, so the test scores zero.
+1. ``arm()`` runs when the grading kernel starts, before the notebook's first cell
+   (``autograder.arming``). It imports every checks module and records the identity of
+   everything in them and of the library functions and builtins they use. ``verify()``, the
+   first line of every test cell (restored from the source), raises ``AssertionError``
+   naming anything that changed since, so the test scores zero.
 2. ``suspicious_code`` runs in the grader's own process on the submitted source: a cell the
    learner wrote or changed that mentions the grader, the gradebook or ``sys.modules``, or
    rebinds builtins, is reported, and the notebook scores zero (see ``pipeline``).
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import importlib.util
 import math
 import pkgutil
 import re
@@ -48,8 +48,12 @@ def _watched() -> dict[str, object]:
         watched[f"torch.{name}"] = getattr(torch, name)
     watched["torch.testing.assert_close"] = torch.testing.assert_close
     watched["torch.Tensor.__eq__"] = torch.Tensor.__eq__
-    modules = ["autograder.guard"] + [f"autograder.checks.{m.name}"
-                                      for m in pkgutil.iter_modules(package.__path__)]
+    modules = ["autograder.guard", "autograder.private"] + [
+        f"autograder.checks.{m.name}" for m in pkgutil.iter_modules(package.__path__)]
+    if importlib.util.find_spec("autograder.hidden") is not None:  # not in a learner edition
+        import autograder.hidden as hidden
+
+        modules += [f"autograder.hidden.{m.name}" for m in pkgutil.iter_modules(hidden.__path__)]
     for module_name in modules:
         module = importlib.import_module(module_name)
         watched[f"sys.modules[{module_name}]"] = module
@@ -71,6 +75,9 @@ def verify() -> None:
     when the guard was never armed (a learner running the notebook, not the grader)."""
     if _RECORD is None:
         return
+    from autograder.borrowing import entering_test
+
+    entering_test()  # until the next cell starts, the course's answers may not be borrowed
     now = {name: id(value) for name, value in _watched().items()}
     changed = sorted(name for name, ident in _RECORD.items() if now.get(name) != ident)
     if changed:

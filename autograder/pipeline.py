@@ -27,6 +27,7 @@ from pathlib import Path
 
 import nbformat
 
+from autograder.arming import KERNEL_ARGUMENTS
 from autograder.chapters import Chapter, NotGradable
 from autograder.gradebook import COURSE_ID
 from autograder.guard import suspicious_code
@@ -51,6 +52,7 @@ c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = {pattern!r}
 c.LimitOutput.max_lines = 1000
 c.LimitOutput.max_traceback = 100
+c.Execute.extra_arguments = {kernel_arguments!r}
 """
 
 _CRASH_RETRIES = 3  # cells that kill the kernel, replaced one at a time before giving up
@@ -168,7 +170,7 @@ def write_config(root: Path, db_url: str, limits: Limits, course_id: str = COURS
     root.mkdir(parents=True, exist_ok=True)
     (root / "nbgrader_config.py").write_text(_CONFIG.format(
         root=str(root), course_id=course_id, db_url=db_url, cell_timeout=limits.cell_timeout,
-        pattern=WARNING_ON_STDERR))
+        pattern=WARNING_ON_STDERR, kernel_arguments=KERNEL_ARGUMENTS))
 
 
 def generate(root: Path, chapter: Chapter, db_url: str, limits: Limits,

@@ -1,7 +1,10 @@
-"""Regenerates the learner notebooks in ``exercises/`` from ``solutions/`` through nbgrader.
+"""Regenerates the instructor notebooks' answer cells from the library, then the learner
+notebooks in ``exercises/`` from ``solutions/`` through nbgrader.
 
-`nbgrader generate_assignment` replaces each solution with a stub, strips the hidden tests and
-records checksums; the result is copied to ``exercises/NN_slug.ipynb`` with outputs cleared.
+``autograder.render`` writes each answer and skeleton cell of ``solutions/`` from the library,
+where answers are written. `nbgrader generate_assignment` replaces each solution with a stub,
+strips the hidden tests and records checksums; the result is copied to
+``exercises/NN_slug.ipynb`` with outputs cleared.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import nbformat
 
 from autograder.chapters import EXERCISES, Chapter, chapters
 from autograder.pipeline import Grader
+from autograder.render import render
 
 
 def clear_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -32,10 +36,23 @@ def render_exercise(grader: Grader, chapter: Chapter) -> str:
     return nbformat.writes(notebook) + "\n"
 
 
+def render_solutions() -> list[Path]:
+    """Render every instructor notebook's answer cells from the library; return those that
+    changed."""
+    changed = []
+    for chapter in chapters().values():
+        notebook = nbformat.read(chapter.source, as_version=4)
+        if render(notebook):
+            nbformat.write(notebook, chapter.source)
+            changed.append(chapter.source)
+    return changed
+
+
 def release_all(destination: Path = EXERCISES) -> list[Path]:
-    """Write every chapter's learner notebook into ``destination``; return the paths."""
+    """Render the instructor notebooks, then write every chapter's learner notebook into
+    ``destination``; return the paths written."""
     destination.mkdir(parents=True, exist_ok=True)
-    written = []
+    written = render_solutions()
     with tempfile.TemporaryDirectory(prefix="kv-course-release-") as workdir:
         grader = Grader(Path(workdir))
         for chapter in chapters().values():

@@ -94,6 +94,6 @@ def animate(manager_class: type, reference_class: type, num_blocks: int, block_s
         print("Animating your BlockManager.")
     except NotImplementedError:
         print("Note: your BlockManager is not finished yet (a method raises "
-              "NotImplementedError), so this animates the course's reference version.")
+              "NotImplementedError), so this animates the course's own version.")
         frames = record(reference_class(num_blocks, block_size), num_blocks, script)
     return allocation_animation(frames)

@@ -1,8 +1,10 @@
 """Chapter 3's reference BlockManager: blocks on demand, shared with reference counts,
 copied before a write into a shared block.
 
-The methods marked "solution" below are the solution cells of ``solutions/03_block_manager.ipynb``
-(``tests/test_single_source.py`` proves it); the rest is the skeleton the notebook gives.
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 3's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
+The rest of the class is the skeleton the notebook gives.
 
     pool (num_blocks = 8, block_size = 4)          block tables       ref counts
     +----+----+----+----+----+----+----+----+
@@ -62,8 +64,6 @@ class BlockManager:
         self.tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}
 
-    # -- given: queries and the pool's two primitives ------------------------------------
-
     def block_table(self, seq_id: int) -> list[int]:
         """A copy of the sequence's block table (KeyError for an unknown sequence)."""
         return list(self.tables[seq_id])
@@ -102,10 +102,9 @@ class BlockManager:
             assert len(table) == -(-self.lengths[seq_id] // self.block_size), (
                 f"sequence {seq_id} holds {len(table)} blocks for {self.lengths[seq_id]} tokens")
 
-    # -- solution ------------------------------------------------------------------------
-
     def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
         """Give a new sequence the blocks for its ``num_tokens``-token prompt: all or none."""
+        ### BEGIN SOLUTION
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has blocks")
         needed = -(-num_tokens // self.block_size)
@@ -115,9 +114,11 @@ class BlockManager:
         self.tables[seq_id] = [self._take_block() for _ in range(needed)]
         self.lengths[seq_id] = num_tokens
         return list(self.tables[seq_id])
+        ### END SOLUTION
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Make ``child_id`` share all of ``parent_id``'s blocks (nothing is copied)."""
+        ### BEGIN SOLUTION
         if child_id in self.tables:
             raise ValueError(f"sequence {child_id} already has blocks")
         table = self.tables[parent_id]
@@ -125,9 +126,11 @@ class BlockManager:
             self.ref_counts[block] += 1
         self.tables[child_id] = list(table)
         self.lengths[child_id] = self.lengths[parent_id]
+        ### END SOLUTION
 
     def append_slot(self, seq_id: int) -> Slot:
         """Make room for one more token of ``seq_id``; say where its K and V go."""
+        ### BEGIN SOLUTION
         table, length = self.tables[seq_id], self.lengths[seq_id]
         offset = length % self.block_size
         if offset == 0:  # the last block is full (or there is none): take a fresh one
@@ -146,11 +149,14 @@ class BlockManager:
             slot = Slot(table[-1], offset)
         self.lengths[seq_id] = length + 1
         return slot
+        ### END SOLUTION
 
     def free(self, seq_id: int) -> None:
         """Drop the sequence; each of its blocks returns to the pool when no one else holds it."""
+        ### BEGIN SOLUTION
         if seq_id not in self.tables:
             raise KeyError(f"sequence {seq_id} is unknown or already freed")
         for block in reversed(self.tables.pop(seq_id)):
             self._release_block(block)
         del self.lengths[seq_id]
+        ### END SOLUTION

@@ -1,7 +1,8 @@
 """Chapter 2's reference solutions: blocks, block tables and slot mappings.
 
-These functions are the solution cells of ``solutions/02_fragmentation_and_block_tables.ipynb``
-(``tests/test_single_source.py`` proves it), for later chapters to import.
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 2's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
 
 A sequence's tokens are numbered 0, 1, 2, ... (logical positions). With block size B, position
 t lives in logical block t // B at offset t % B; the block table maps each logical block to a
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """How many blocks hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
+    ### BEGIN SOLUTION
     return -(-num_tokens // block_size)
+    ### END SOLUTION
 
 
 def locate(position: int, block_table: list[int], block_size: int) -> tuple[int, int]:
@@ -28,6 +31,7 @@ def locate(position: int, block_table: list[int], block_size: int) -> tuple[int,
 
     Raises ``IndexError`` when the position is negative or past the blocks in the table.
     """
+    ### BEGIN SOLUTION
     if not 0 <= position < len(block_table) * block_size:
         raise IndexError(
             f"position {position} is outside the sequence's {len(block_table)} block(s) of "
@@ -35,22 +39,29 @@ def locate(position: int, block_table: list[int], block_size: int) -> tuple[int,
         )
     logical_block, offset = divmod(position, block_size)
     return block_table[logical_block], offset
+    ### END SOLUTION
 
 
 def slot_id(position: int, block_table: list[int], block_size: int) -> int:
     """Flat slot of logical ``position`` in the pool: physical_block x block_size + offset."""
+    ### BEGIN SOLUTION
     physical_block, offset = locate(position, block_table, block_size)
     return physical_block * block_size + offset
+    ### END SOLUTION
 
 
 def slot_mapping(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
     """Slot ids of positions ``start`` to ``end - 1``: where a kernel writes their K and V."""
+    ### BEGIN SOLUTION
     return [slot_id(position, block_table, block_size) for position in range(start, end)]
+    ### END SOLUTION
 
 
 def last_block_waste(num_tokens: int, block_size: int) -> int:
     """Empty slots in the last block of a ``num_tokens``-token sequence (at most B - 1)."""
+    ### BEGIN SOLUTION
     return blocks_needed(num_tokens, block_size) * block_size - num_tokens
+    ### END SOLUTION
 
 
 def contiguous_utilisation(lengths: list[int], max_model_len: int) -> float:
@@ -58,7 +69,9 @@ def contiguous_utilisation(lengths: list[int], max_model_len: int) -> float:
 
     ``lengths`` holds at least one sequence.
     """
+    ### BEGIN SOLUTION
     return sum(lengths) / (len(lengths) * max_model_len)
+    ### END SOLUTION
 
 
 def paged_utilisation(lengths: list[int], block_size: int) -> float:
@@ -66,5 +79,7 @@ def paged_utilisation(lengths: list[int], block_size: int) -> float:
 
     At least one of ``lengths`` is positive.
     """
+    ### BEGIN SOLUTION
     allocated = sum(blocks_needed(n, block_size) for n in lengths) * block_size
     return sum(lengths) / allocated
+    ### END SOLUTION

@@ -55,7 +55,7 @@ def learner_parts_or_reference(serve: Callable, build_batch: Callable,
 def _serves_exactly(serve: Callable, parts: dict[str, Callable], model: TinyModel,
                     names: str) -> bool:
     probe = [make_request(i, [i + 1, 2 * i + 3, 7], 3, arrival=i) for i in range(4)]
-    fallback = f"so this uses the course's reference version of {names}."
+    fallback = f"so the course's own version of {names} runs this."
     try:
         report = equality_report(model, serve(PagedEngine(model, 8, 4, **parts), probe))
     except NotImplementedError:

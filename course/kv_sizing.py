@@ -1,7 +1,8 @@
 """Chapter 1's reference solutions: how many bytes the KV cache needs, and what fits on a GPU.
 
-These functions are the solution cells of ``solutions/01_kv_cache_sizing.ipynb``, character
-for character (``tests/test_single_source.py`` proves it), so later chapters can import them.
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 1's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
 
 A KV cache stores, for every token, layer and KV head, one key and one value vector::
 
@@ -22,7 +23,9 @@ def kv_bytes_per_token(
 
     Each layer stores a key and a value vector of ``head_dim`` elements for each KV head.
     """
+    ### BEGIN SOLUTION
     return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
+    ### END SOLUTION
 
 
 def mla_kv_bytes_per_token(
@@ -34,7 +37,9 @@ def mla_kv_bytes_per_token(
     decoupled RoPE key (``qk_rope_head_dim`` elements), shared by all heads: no factor 2,
     no head count.
     """
+    ### BEGIN SOLUTION
     return num_layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_element
+    ### END SOLUTION
 
 
 def kv_bytes_per_sequence(
@@ -44,6 +49,7 @@ def kv_bytes_per_sequence(
 
     Uses the latent cache when ``config.kv_lora_rank`` is set, the per-KV-head cache otherwise.
     """
+    ### BEGIN SOLUTION
     if config.kv_lora_rank is not None:
         per_token = mla_kv_bytes_per_token(
             config.num_layers, config.kv_lora_rank, config.qk_rope_head_dim, bytes_per_element
@@ -53,6 +59,7 @@ def kv_bytes_per_sequence(
             config.num_layers, config.num_kv_heads, config.head_dim, bytes_per_element
         )
     return per_token * num_tokens
+    ### END SOLUTION
 
 
 def num_gpu_blocks(
@@ -68,8 +75,10 @@ def num_gpu_blocks(
     activation peak of a forward pass come off first, and what is left is cut into whole
     blocks of ``bytes_per_block`` (one block's K and V across all layers). Never negative.
     """
+    ### BEGIN SOLUTION
     budget = gpu_memory_bytes * gpu_memory_utilization - weight_bytes - activation_peak_bytes
     return max(0, int(budget // bytes_per_block))
+    ### END SOLUTION
 
 
 def requests_fit_contiguous(lengths: list[int], capacity_tokens: int, max_model_len: int) -> int:
@@ -78,7 +87,9 @@ def requests_fit_contiguous(lengths: list[int], capacity_tokens: int, max_model_
     A contiguous cache cannot know how long a request will grow, so each one reserves room for
     the longest sequence allowed, whatever its real length.
     """
+    ### BEGIN SOLUTION
     return min(len(lengths), capacity_tokens // max_model_len)
+    ### END SOLUTION
 
 
 def requests_fit_paged(lengths: list[int], capacity_tokens: int, block_size: int) -> int:
@@ -88,6 +99,7 @@ def requests_fit_paged(lengths: list[int], capacity_tokens: int, block_size: int
     ceil(n / block_size) of them. Requests are admitted in order until the first one that does
     not fit (no later request overtakes it).
     """
+    ### BEGIN SOLUTION
     free_blocks = capacity_tokens // block_size
     admitted = 0
     for length in lengths:
@@ -97,3 +109,4 @@ def requests_fit_paged(lengths: list[int], capacity_tokens: int, block_size: int
         free_blocks -= needed
         admitted += 1
     return admitted
+    ### END SOLUTION

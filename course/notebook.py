@@ -1,4 +1,12 @@
-"""Helpers for notebook cells that use the learner's own code when it is ready."""
+"""Helpers for notebook cells that run the learner's own code when it is ready.
+
+A picture or experiment in a chapter runs the learner's function. When that is not written
+yet, or disagrees with the course's own version, the course's version draws it instead, and
+the cell says so in one line. In a class's learner edition the course's version of a chapter
+not yet revealed is not there (it raises ``NotImplementedError``); then ``learner_or_course``
+returns a stand-in, and a cell that ``needs`` it stops at once with one line saying what to
+finish (``NotReady``; such cells carry the ``raises-exception`` tag, so Run All goes on).
+"""
 
 from __future__ import annotations
 
@@ -12,30 +20,81 @@ def grading() -> bool:
     return bool(os.environ.get("NBGRADER_EXECUTION"))
 
 
-def learner_or_reference(
-    learner: Callable[..., Any], reference: Callable[..., Any], **probe: Any
-) -> Callable[..., Any]:
-    """The learner's function if it runs and agrees with the reference on ``probe``.
+class NotReady(Exception):
+    """A cell needs a TODO that is not finished; shown as its one-line message."""
 
-    Otherwise the reference, with a printed note, so a picture never breaks because a TODO
-    is unfinished (and never shows a wrong picture without saying so).
-    """
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
+        return [str(self)]
+
+
+class _StandIn:
+    """What ``learner_or_course`` returns when neither version can run yet."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotReady(self.why)
+
+
+def needs(*functions: Any) -> None:
+    """Stop this cell, with one line saying what to finish, if any of ``functions`` is a
+    stand-in for an unfinished TODO."""
+    for function in functions:
+        if isinstance(function, _StandIn):
+            raise NotReady(function.why)
+
+
+def learner_or_course(
+    learner: Callable[..., Any], course: Callable[..., Any], **probe: Any
+) -> Callable[..., Any]:
+    """The learner's function if it runs on ``probe`` (and agrees with the course's version
+    there, where this edition has one); else the course's version, where there is one; else
+    a stand-in that ``needs`` turns into one line saying what to finish. Prints one line
+    saying which, and why."""
     name = getattr(learner, "__name__", "your function")
-    try:
-        agrees = _same(learner(**probe), reference(**probe))
-    except NotImplementedError:
-        print(f"Note: {name} is not written yet, so this uses the course's reference version.")
-        return reference
-    except Exception as exc:
-        print(f"Note: {name} raised {type(exc).__name__} ({exc}), "
-              "so this uses the course's reference version.")
-        return reference
-    if not agrees:
-        print(f"Note: {name} disagrees with the reference (see its test cell), "
-              "so this uses the course's reference version.")
-        return reference
+    mine = _attempt(learner, probe)
+    ours = _attempt(course, probe)
+    if mine is _NOT_READY:
+        if ours is _NOT_READY:
+            return _StandIn(f"Finish {name} (its TODO above) to see this.")
+        print(f"Note: {name} is not written yet, so the course's own version draws this.")
+        return course
+    if isinstance(mine, _Raised):
+        if ours is _NOT_READY:
+            return _StandIn(f"Your {name} raised {mine} here: fix it (its test cell says how) "
+                            "to see this.")
+        print(f"Note: your {name} raised {mine}, so the course's own version draws this.")
+        return course
+    if ours is _NOT_READY or isinstance(ours, _Raised):
+        print(f"Using your {name} (its test cell says whether it is right).")
+        return learner
+    if not _same(mine, ours):
+        print(f"Note: your {name} disagrees with its test cell's expectations here, so the "
+              "course's own version draws this.")
+        return course
     print(f"Using your {name}.")
     return learner
+
+
+_NOT_READY = object()
+
+
+class _Raised:
+    def __init__(self, exc: Exception) -> None:
+        self.text = f"{type(exc).__name__} ({exc})"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _attempt(fn: Callable[..., Any], probe: dict[str, Any]) -> Any:
+    try:
+        return fn(**probe)
+    except NotImplementedError:
+        return _NOT_READY
+    except Exception as exc:
+        return _Raised(exc)
 
 
 def _same(a: Any, b: Any) -> bool:

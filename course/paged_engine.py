@@ -16,8 +16,11 @@ blocks a swap-out or copy just read).
 
 Parallel sampling: a request with ``n`` > 1 is forked after its prefill into ``n`` branches
 sharing its blocks; branch k takes the k-th most likely first token, then each goes on
-greedily. The functions marked "solution" are the solution cells of
-``solutions/08_capstone_paged_serving.ipynb``.
+greedily.
+
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 8's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ class DecodeBatch:
 def build_decode_batch(manager: BlockManager, seq_ids: list[int]) -> DecodeBatch:
     """The decode batch of ``seq_ids``, whose slots ``manager`` has just reserved (their
     lengths already count the token being decoded)."""
+    ### BEGIN SOLUTION
     tables = [manager.block_table(seq_id) for seq_id in seq_ids]
     lengths = [manager.seq_len(seq_id) for seq_id in seq_ids]
     block_size = manager.block_size
@@ -130,6 +134,7 @@ def build_decode_batch(manager: BlockManager, seq_ids: list[int]) -> DecodeBatch
                        torch.tensor(slots, dtype=torch.int64),
                        torch.tensor(padded, dtype=torch.int32),
                        torch.tensor(lengths, dtype=torch.int32))
+    ### END SOLUTION
 
 
 def paged_decode_step(model: TinyModel, tokens: torch.Tensor, batch: DecodeBatch,
@@ -138,6 +143,7 @@ def paged_decode_step(model: TinyModel, tokens: torch.Tensor, batch: DecodeBatch
     """One decode step of ``tokens`` [num_seqs] through the paged cache: at every layer,
     write the new K/V at the batch's slots, then attend through the block tables. Returns
     the logits [num_seqs, vocab]."""
+    ### BEGIN SOLUTION
     x = model.embed(tokens)
     for layer in range(model.config.num_layers):
         q, k, v = model.qkv(layer, x, batch.positions)
@@ -146,6 +152,7 @@ def paged_decode_step(model: TinyModel, tokens: torch.Tensor, batch: DecodeBatch
                         model.scale)
         x = model.finish_layer(layer, x, out)
     return model.logits(x)
+    ### END SOLUTION
 
 
 def prefill_slots(manager: BlockManager, seq_id: int) -> torch.Tensor:
@@ -295,6 +302,7 @@ def serve(engine: PagedEngine, requests: list[GenRequest], max_steps: int = 10_0
           ) -> list[GenRequest]:
     """Run ``requests`` (each joining at step ``arrival``) to completion; return every
     finished request, parallel-sampling branches included."""
+    ### BEGIN SOLUTION
     pending = sorted(requests, key=lambda r: r.arrival)
     finished: list[GenRequest] = []
     for step in range(max_steps):
@@ -319,3 +327,4 @@ def serve(engine: PagedEngine, requests: list[GenRequest], max_steps: int = 10_0
                 finished.append(request)
         engine.record(step, plan)
     raise RuntimeError(f"requests still unfinished after {max_steps} steps")
+    ### END SOLUTION

@@ -1,7 +1,8 @@
 """Chapter 4's reference: chained block hashes and a prefix-caching BlockManager.
 
-The functions and methods marked "solution" are the solution cells of
-``solutions/04_prefix_caching.ipynb`` (``tests/test_single_source.py`` proves it).
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 4's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
 
 A full block's key chains its parent's key, so it names the whole prefix up to its end::
 
@@ -30,19 +31,23 @@ ROOT_KEY = hashlib.sha256(b"paged-kv-course prefix cache root").hexdigest()
 
 def block_key(parent_key: str, tokens: list[int], extra_keys: tuple = ()) -> str:
     """sha256 of a canonical encoding of (parent key, the block's tokens, extra keys)."""
+    ### BEGIN SOLUTION
     payload = json.dumps([parent_key, [int(t) for t in tokens], [str(e) for e in extra_keys]],
                          separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()
+    ### END SOLUTION
 
 
 def prefix_keys(tokens: list[int], block_size: int, extra_keys: tuple = ()) -> list[str]:
     """Keys of the full blocks of ``tokens``, chained from ``ROOT_KEY``; a partial last block
     has none."""
+    ### BEGIN SOLUTION
     keys, parent = [], ROOT_KEY
     for start in range(0, len(tokens) - block_size + 1, block_size):
         parent = block_key(parent, tokens[start:start + block_size], extra_keys)
         keys.append(parent)
     return keys
+    ### END SOLUTION
 
 
 class PrefixCachingBlockManager:
@@ -69,8 +74,6 @@ class PrefixCachingBlockManager:
         self.tokens: dict[int, list[int]] = {}
         self.extra: dict[int, tuple] = {}
         self.seq_keys: dict[int, list[str]] = {}  # keys of each sequence's full blocks
-
-    # -- given: queries and bookkeeping ----------------------------------------------------
 
     def block_table(self, seq_id: int) -> list[int]:
         return list(self.tables[seq_id])
@@ -124,10 +127,9 @@ class PrefixCachingBlockManager:
         assert all(self.keys[b] == k for k, b in self.cache.items()), "cache maps disagree"
         assert len(self.cache) == len(self.keys), "cache maps disagree"
 
-    # -- solution --------------------------------------------------------------------------
-
     def _take_block(self) -> int:
         """The least recently used free block, evicted (its key forgotten) if it was cached."""
+        ### BEGIN SOLUTION
         if not self.free_queue:
             raise NoFreeBlocksError("no free block")
         block, _ = self.free_queue.popitem(last=False)
@@ -136,9 +138,11 @@ class PrefixCachingBlockManager:
             del self.cache[key]
         self.ref_counts[block] = 1
         return block
+        ### END SOLUTION
 
     def allocate(self, seq_id: int, tokens: list[int], extra_keys: tuple = ()) -> int:
         """Allocate a new sequence's prompt, reusing cached blocks; return the hit tokens."""
+        ### BEGIN SOLUTION
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has blocks")
         keys = prefix_keys(tokens, self.block_size, extra_keys)
@@ -163,9 +167,11 @@ class PrefixCachingBlockManager:
         self.seq_keys[seq_id] = []
         self._cache_full_blocks(seq_id)
         return len(hits) * self.block_size
+        ### END SOLUTION
 
     def append_slot(self, seq_id: int, token: int) -> tuple[int, int]:
         """Add one generated token; return (block, offset) for its K and V."""
+        ### BEGIN SOLUTION
         table, length = self.tables[seq_id], len(self.tokens[seq_id])
         offset = length % self.block_size
         if offset == 0:
@@ -173,11 +179,14 @@ class PrefixCachingBlockManager:
         self.tokens[seq_id].append(token)
         self._cache_full_blocks(seq_id)
         return table[-1], offset
+        ### END SOLUTION
 
     def free(self, seq_id: int) -> None:
         """Drop the sequence; its blocks, tail first, become free (cached ones evictable)."""
+        ### BEGIN SOLUTION
         if seq_id not in self.tables:
             raise KeyError(f"sequence {seq_id} is unknown or already freed")
         for block in reversed(self.tables.pop(seq_id)):
             self._release_block(block)
         del self.tokens[seq_id], self.extra[seq_id], self.seq_keys[seq_id]
+        ### END SOLUTION

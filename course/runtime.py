@@ -53,10 +53,6 @@ def setup(quiet: bool = False) -> Runtime:
         if early:
             print(f"Note: {', '.join(early)} was imported before course.setup(); restart the "
                   "kernel and run this cell first so its kernels use the interpreter.")
-    if os.environ.get("NBGRADER_EXECUTION"):  # being graded: protect the checks (see guard)
-        from autograder.guard import arm
-
-        arm()
     if not quiet:
         print(runtime.description + ".")
     return runtime

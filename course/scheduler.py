@@ -15,8 +15,9 @@ Every step the scheduler decides, on top of a chapter 3 BlockManager, which requ
     4. run: the returned plan. Reservation comes before running, so a step never runs a
        request whose blocks it does not hold: the step is atomic.
 
-The methods marked "solution" are the solution cells of the chapter 5 notebook
-(``tests/test_single_source.py`` proves it).
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 5's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
 """
 
 from __future__ import annotations
@@ -82,8 +83,6 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the newest is preempted first
         self.swapped: deque[Request] = deque()
 
-    # -- given -----------------------------------------------------------------------------
-
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
@@ -105,11 +104,10 @@ class Scheduler:
             self.admit(plan)
         return plan
 
-    # -- solution ------------------------------------------------------------------------
-
     def reserve_decode_slots(self, plan: StepPlan) -> None:
         """Give every running request (oldest first) the slot for its next token, preempting
         the newest request while the pool is out of blocks."""
+        ### BEGIN SOLUTION
         index = 0
         while index < len(self.running):
             request = self.running[index]
@@ -123,9 +121,11 @@ class Scheduler:
                 continue  # try the same request again, with the victim's blocks freed
             plan.decode.append(request)
             index += 1
+        ### END SOLUTION
 
     def preempt(self, victim: Request, plan: StepPlan) -> None:
         """Take ``victim`` out of the running batch, by recompute or by swap."""
+        ### BEGIN SOLUTION
         self.running.remove(victim)  # never reserved this step: victims come after the
         plan.preempted.append(victim)  # request being reserved, or are that request
         if self.preemption == "swap":
@@ -143,9 +143,11 @@ class Scheduler:
         else:
             self.gpu.free(victim.id)
             self.waiting.appendleft(victim)
+        ### END SOLUTION
 
     def swap_in(self, plan: StepPlan) -> None:
         """Bring swapped requests back, oldest first, while their blocks fit."""
+        ### BEGIN SOLUTION
         while self.swapped and len(self.running) < self.max_num_seqs:
             request = self.swapped[0]
             cpu_table = self.cpu.block_table(request.id)
@@ -156,9 +158,11 @@ class Scheduler:
             self.cpu.free(request.id)
             self.swapped.popleft()
             self.running.append(request)
+        ### END SOLUTION
 
     def admit(self, plan: StepPlan) -> None:
         """Admit waiting requests, first come first served, while they fit."""
+        ### BEGIN SOLUTION
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             total = self.blocks_for(request.prompt_len + request.output_len)
@@ -176,6 +180,7 @@ class Scheduler:
             self.gpu.allocate(request.id, request.context_len)
             self.running.append(request)
             plan.prefill.append(request)
+        ### END SOLUTION
 
 
 class StaticBatchScheduler(Scheduler):

@@ -20,8 +20,10 @@ The group is padded to 16 rows because NVIDIA's ``tl.dot`` needs at least 16 alo
 dimension; the padding rows are zero and never stored. Pool offsets are computed in int64: a
 pool of a few GiB has more than 2^31 elements, and an int32 offset would wrap.
 
-The solution cells of ``solutions/07_triton_paged_attention.ipynb`` are this code
-(``tests/test_single_source.py`` proves it). Import after ``course.setup()``.
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 7's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
+Import after ``course.setup()``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def paged_attention_kernel(
 ):
     """Decode attention of one sequence's query heads that share one KV head, over any
     seq_len >= 1: the last block is masked past the sequence's end."""
+    ### BEGIN SOLUTION
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, GROUP_PAD)
@@ -84,6 +87,7 @@ def paged_attention_kernel(
 
     out = acc / total[:, None]
     tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=real[:, None])
+    ### END SOLUTION
 
 
 def launch(kernel, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -118,6 +122,7 @@ def validate_inputs(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                     block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ``ValueError`` (shapes, devices, layout) or ``TypeError`` (dtypes) with a message
     that names the argument, what it is and what the kernel needs."""
+    ### BEGIN SOLUTION
     if query.dim() != 3:
         raise ValueError(f"query must be [num_seqs, num_q_heads, head_dim], got shape "
                          f"{tuple(query.shape)}")
@@ -161,6 +166,7 @@ def validate_inputs(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
         raise ValueError(f"k_cache and v_cache must share strides with head_dim contiguous, "
                          f"got {k_cache.stride()} and {v_cache.stride()}")
+    ### END SOLUTION
 
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -172,6 +178,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     and merges their partials (flash-decoding); ``None`` lets ``choose_num_splits`` decide
     from the GPU's multiprocessor count (always 1 on the interpreter).
     """
+    ### BEGIN SOLUTION
     validate_inputs(query, k_cache, v_cache, block_tables, seq_lens)
     if query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
         # the interpreter has no bf16 arithmetic: compute in fp32, return bf16
@@ -185,3 +192,4 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                       scale)
     return run_split_kv(split_kv_kernel, merge_splits_kernel, query, k_cache, v_cache,
                         block_tables, seq_lens, scale, num_splits)
+    ### END SOLUTION

@@ -10,8 +10,9 @@ Layout::
     query             [num_seqs, num_q_heads, head_dim]   one decode token per sequence
 
 Query head h reads KV head h // (num_q_heads // num_kv_heads) (grouped-query attention).
-The functions marked "solution" are the solution cells of
-``solutions/06_paged_kv_in_pytorch.ipynb`` (``tests/test_single_source.py`` proves it).
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 6's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor,
              value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write ``key``/``value`` ([num_tokens, num_kv_heads, head_dim]) into the pool at the flat
     slots ``slot_mapping`` ([num_tokens]); a negative slot is padding and is skipped."""
+    ### BEGIN SOLUTION
     block_size = k_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     k_cache[slots // block_size, slots % block_size] = key[keep].to(k_cache.dtype)
     v_cache[slots // block_size, slots % block_size] = value[keep].to(v_cache.dtype)
+    ### END SOLUTION
 
 
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -35,6 +38,7 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                            scale: float) -> torch.Tensor:
     """Attention of each sequence's one query token over its first ``seq_lens`` tokens,
     gathered through its block table; fp32 arithmetic, output in the query's dtype."""
+    ### BEGIN SOLUTION
     num_seqs, num_q_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -49,6 +53,7 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         scores = torch.einsum("hd,thd->ht", query[seq].float(), keys) * scale
         out[seq] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values).to(query.dtype)
     return out
+    ### END SOLUTION
 
 
 def merge_partials(m_a: torch.Tensor, l_a: torch.Tensor, acc_a: torch.Tensor,
@@ -59,9 +64,11 @@ def merge_partials(m_a: torch.Tensor, l_a: torch.Tensor, acc_a: torch.Tensor,
     Per head: ``m`` is the piece's largest score, ``l`` the sum of exp(score - m), ``acc``
     ([heads, head_dim]) the sum of exp(score - m) x value. The attention output is acc / l.
     """
+    ### BEGIN SOLUTION
     m = torch.maximum(m_a, m_b)
     a, b = torch.exp(m_a - m), torch.exp(m_b - m)
     return m, l_a * a + l_b * b, acc_a * a[:, None] + acc_b * b[:, None]
+    ### END SOLUTION
 
 
 def blockwise_decode_attention(query: torch.Tensor, k_cache: torch.Tensor,
@@ -69,6 +76,7 @@ def blockwise_decode_attention(query: torch.Tensor, k_cache: torch.Tensor,
                                scale: float) -> torch.Tensor:
     """One sequence's decode attention ([num_q_heads, head_dim]), one block at a time: each
     block's partial (m, l, acc) is merged into the running one (an online softmax)."""
+    ### BEGIN SOLUTION
     num_q_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -85,6 +93,7 @@ def blockwise_decode_attention(query: torch.Tensor, k_cache: torch.Tensor,
         state = partial if state is None else merge_partials(*state, *partial)
     _, total, acc = state
     return (acc / total[:, None]).to(query.dtype)
+    ### END SOLUTION
 
 
 def decode_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -92,6 +101,7 @@ def decode_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """One decode step: write each sequence's new token's K/V (at position seq_len - 1, its
     blocks already in its table), then attend over everything, that token included."""
+    ### BEGIN SOLUTION
     block_size = k_cache.shape[1]
     positions = seq_lens.long() - 1
     rows = torch.arange(len(seq_lens))
@@ -99,3 +109,4 @@ def decode_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         + positions % block_size
     write_kv(k_cache, v_cache, key, value, slots)
     return paged_decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    ### END SOLUTION

@@ -8,22 +8,17 @@
    query heads that share it, padded to 16 rows so ``tl.dot`` compiles on NVIDIA GPUs.
 4. ``kernels.paged_attention.paged_attention_kernel``: any length, the tail masked.
 
-All take the arguments that ``kernels.paged_attention.launch`` passes. This module is the
-chapter's reference: it also re-exports the later pieces, which live where the course uses
-them.
+All take the arguments that ``kernels.paged_attention.launch`` passes.
+
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 7's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from kernels.paged_attention import (  # noqa: F401  (the chapter's later TODOs)
-    paged_attention,
-    paged_attention_kernel,
-    validate_inputs,
-)
-from kernels.split_kv import merge_splits_kernel, split_kv_kernel  # noqa: F401
 
 
 @triton.jit
@@ -36,6 +31,7 @@ def one_block_kernel(
 ):
     """Program (seq, head): attention of one query head over a sequence of exactly
     BLOCK_SIZE tokens, all in the block at block_tables[seq, 0]."""
+    ### BEGIN SOLUTION
     seq = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
@@ -54,6 +50,7 @@ def one_block_kernel(
     weights = tl.exp(scores - tl.max(scores, axis=0))
     out = tl.sum(weights[:, None] * v, axis=0) / tl.sum(weights, axis=0)
     tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty))
+    ### END SOLUTION
 
 
 @triton.jit
@@ -66,6 +63,7 @@ def block_loop_kernel(
 ):
     """Program (seq, head): one query head over a sequence of seq_len tokens, a multiple of
     BLOCK_SIZE, block by block through its block table with an online softmax."""
+    ### BEGIN SOLUTION
     seq = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
@@ -95,6 +93,7 @@ def block_loop_kernel(
         m = m_new
 
     tl.store(out_ptr + q_offsets, (acc / total).to(out_ptr.dtype.element_ty))
+    ### END SOLUTION
 
 
 @triton.jit
@@ -108,6 +107,7 @@ def gqa_kernel(
     """Program (seq, kv_head): the GROUP query heads that share one KV head (rows padded to
     GROUP_PAD), over a sequence whose length is a multiple of BLOCK_SIZE; scores and
     outputs with ``tl.dot``."""
+    ### BEGIN SOLUTION
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, GROUP_PAD)
@@ -140,3 +140,4 @@ def gqa_kernel(
 
     out = acc / total[:, None]
     tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=real[:, None])
+    ### END SOLUTION

@@ -12,6 +12,10 @@ softmax partial, and a second kernel merges them (chapter 6's ``merge_partials``
 
 An empty split writes l = 0 and acc = 0 (and m = -inf), so it weighs nothing in the merge.
 Partials are fp32 and laid out [num_seqs, num_q_heads, num_splits(, head_dim)], contiguous.
+
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 7's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def split_kv_kernel(
     """Program (seq, kv_head, split): the softmax partial (m, l, acc) of the group's query
     heads over blocks [split x blocks_per_split, (split + 1) x blocks_per_split) of the
     sequence, clipped to its length; an empty range writes m = -inf, l = 0, acc = 0."""
+    ### BEGIN SOLUTION
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -76,6 +81,7 @@ def split_kv_kernel(
     tl.store(max_ptr + partial, m, mask=real)
     tl.store(sum_ptr + partial, total, mask=real)
     tl.store(acc_ptr + partial[:, None] * HEAD_DIM + dims[None, :], acc, mask=real[:, None])
+    ### END SOLUTION
 
 
 @triton.jit
@@ -84,6 +90,7 @@ def merge_splits_kernel(
     HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     """Program (seq, query head): merge its ``num_splits`` partials into the output row."""
+    ### BEGIN SOLUTION
     seq = tl.program_id(0)
     head = tl.program_id(1)
     num_q_heads = tl.num_programs(1)
@@ -100,6 +107,7 @@ def merge_splits_kernel(
     out = tl.sum(weight[:, None] * acc, axis=0) / tl.sum(weight * total, axis=0)
     tl.store(out_ptr + seq * stride_out_seq + head * stride_out_head + dims,
              out.to(out_ptr.dtype.element_ty))
+    ### END SOLUTION
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_blocks: int,

@@ -1,6 +1,6 @@
 """Every chapter's checks, run directly (no notebook): right answers pass, wrong ones get hints.
 
-For chapter NN: the library reference (``reference`` in the notebook's metadata) and
+For chapter NN: the course's own answers (what each TODO's cell renders from the library) and
 ``tests/alternatives/chNN.py`` must pass every check; every mutant in
 ``tests/mutants/chNN.py`` must fail the thorough check, and the first check it fails (visible,
 else hidden) must name the idea it missed.
@@ -9,19 +9,32 @@ else hidden) must name the idea it missed.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import nbformat
 import pytest
 from conftest import CHAPTERS
+from subjects import alternative_subjects
+
+from autograder.render import load, subjects
 
 LEVELS = {"visible": "", "hidden": "_thoroughly"}
+
+
+def check(chapter, name: str, level: str):
+    """The visible check of a TODO, or its thorough check in the chapter's hidden module."""
+    package = "hidden" if level == "hidden" else "checks"
+    if importlib.util.find_spec(f"autograder.{package}.ch{chapter.number}") is None:
+        package = "checks"  # a chapter whose checks are not split yet
+    module = importlib.import_module(f"autograder.{package}.ch{chapter.number}")
+    return getattr(module, f"check_{name}{LEVELS[level]}")
 
 
 def _modules(chapter):
     number = chapter.number
     checks = importlib.import_module(f"autograder.checks.ch{number}")
-    reference = importlib.import_module(
-        nbformat.read(chapter.source, as_version=4).metadata["course"]["reference"])
+    reference = {name: load(target) for name, target in
+                 subjects(nbformat.read(chapter.source, as_version=4)).items()}
     alternative = importlib.import_module(f"alternatives.ch{number}")
     mutants = importlib.import_module(f"mutants.ch{number}").MUTANTS
     return checks, reference, alternative, mutants
@@ -36,21 +49,13 @@ CORRECT = [
 ]
 
 
-def _subjects(checks, module, name) -> list:
-    """What a check is called with: the named function, or (for checks of a class, such as
-    chapter 3's BlockManager) the class; an alternatives module may offer several classes."""
-    subject = getattr(checks, "SUBJECT", None)
-    if subject is None or name not in getattr(checks, "SUBJECT_CHECKS", {name}):
-        return [getattr(module, name)]
-    return list(getattr(module, "ALTERNATIVES", [getattr(module, subject)]))
-
-
 @pytest.mark.parametrize(("chapter", "kind", "name", "level"), CORRECT)
 def test_correct_solutions_pass(chapter, kind, name, level):
     checks, reference, alternative, _ = _modules(chapter)
-    module = reference if kind == "reference" else alternative
-    for subject in _subjects(checks, module, name):
-        getattr(checks, f"check_{name}{LEVELS[level]}")(subject)
+    found = [reference[name]] if kind == "reference" else \
+        alternative_subjects(checks, alternative, name)
+    for subject in found:
+        check(chapter, name, level)(subject)
 
 
 WRONG = [
@@ -64,11 +69,10 @@ WRONG = [
 
 @pytest.mark.parametrize(("chapter", "name", "mutant", "hint"), WRONG)
 def test_wrong_solutions_fail_with_the_right_hint(chapter, name, mutant, hint):
-    checks = _modules(chapter)[0]
     messages = {}
-    for level, suffix in LEVELS.items():
+    for level in LEVELS:
         try:
-            getattr(checks, f"check_{name}{suffix}")(mutant)
+            check(chapter, name, level)(mutant)
         except AssertionError as failure:
             messages[level] = str(failure)
     assert "hidden" in messages, "the hidden tests let a wrong solution through"
@@ -80,6 +84,10 @@ def test_wrong_solutions_fail_with_the_right_hint(chapter, name, mutant, hint):
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_every_check_is_exercised_by_mutants(chapter):
-    checks, _, _, mutants = _modules(chapter)
-    defined = {n for n in dir(checks) if n.startswith("check_")}
-    assert defined == {f"check_{name}{suffix}" for name in mutants for suffix in LEVELS.values()}
+    mutants = _modules(chapter)[3]
+    for level, suffix in LEVELS.items():
+        module = importlib.import_module(check(chapter, next(iter(mutants)), level).__module__)
+        defined = {n for n, v in vars(module).items() if n.startswith("check_")
+                   and getattr(v, "__module__", None) == module.__name__ and n.endswith(suffix)
+                   and (suffix or not n.endswith("_thoroughly"))}
+        assert defined == {f"check_{name}{suffix}" for name in mutants}

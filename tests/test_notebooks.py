@@ -12,6 +12,7 @@ from run_notebooks import errors, execute
 from autograder.chapters import EXERCISES
 from autograder.pipeline import Grader
 from autograder.release import render_exercise
+from autograder.render import answers, render, written_answers
 
 NOTEBOOKS = [c.source for c in CHAPTERS] + [EXERCISES / c.source.name for c in CHAPTERS]
 
@@ -23,6 +24,20 @@ def test_committed_without_outputs(path):
     dirty = [i for i, c in enumerate(notebook.cells)
              if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
     assert not dirty, f"cells {dirty} of {path.name} carry outputs: clear them before committing"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_answer_cells_are_rendered_from_the_library(chapter):
+    notebook = nbformat.read(chapter.source, as_version=4)
+    stale = render(notebook)
+    assert not stale, (f"{chapter.source.name}: cells {stale} differ from the library, where "
+                       "answers are written: edit the library, then run `make exercises`")
+
+
+def test_every_answer_in_the_library_belongs_to_a_notebook_cell():
+    rendered = {(a.module, a.qualname) for chapter in CHAPTERS
+                for a in answers(nbformat.read(chapter.source, as_version=4))}
+    assert written_answers() == rendered
 
 
 @pytest.mark.pipeline
@@ -55,4 +70,4 @@ def test_unfilled_exercise_fails_only_in_its_test_cells(chapter, tmp_path):
     assert all(name.startswith("test_") for name in failed), failed
     notes = [o.get("text", "") for c in notebook.cells for o in c.get("outputs", [])
              if o.get("name") == "stdout"]
-    assert any("the course's reference version" in text for text in notes)
+    assert any("the course's own version" in text for text in notes)

@@ -53,13 +53,14 @@ def expect_equal(
     kwargs: dict[str, Any],
     expected: Any,
     idea: str,
-    diagnoses: Iterable[Diagnosis] = (),
+    mistakes: Iterable[tuple[Any, str]] = (),
     rel_tol: float = 1e-9,
 ) -> None:
     """Assert ``fn(**kwargs) == expected`` (numbers within ``rel_tol``).
 
     On failure the hint names the call, the expected and returned values, the idea, and, when
-    the returned value matches a known wrong formula in ``diagnoses``, what that formula misses.
+    the returned value is what a known mistake gives on this input (``mistakes``: pairs of
+    that value and what the mistake misses), what it misses.
     """
     try:
         got = fn(**kwargs)
@@ -71,12 +72,26 @@ def expect_equal(
     if _same(got, expected, rel_tol):
         return
     message = f"{describe_call(fn, kwargs)} returned {_short(got)}, expected {_short(expected)}. "
-    likely = [text for wrong, text in diagnoses if _matches(got, wrong, kwargs, rel_tol)]
+    likely = [text for value, text in mistakes
+              if value is not None and _same(got, value, rel_tol)]
     if len(likely) == 1:
         message += likely[0] + " "
     elif likely:  # several known mistakes give this value on this input: name them all
         message += "Perhaps: " + " Or: ".join(likely) + " "
     raise AssertionError(message + idea)
+
+
+def mistakes(formulas: Iterable[Diagnosis], kwargs: dict[str, Any]) -> list[tuple[Any, str]]:
+    """What each known wrong formula gives on ``kwargs`` (None where it does not apply), with
+    what it misses: the ``mistakes`` of ``expect_equal``."""
+    found = []
+    for wrong, text in formulas:
+        try:
+            value = wrong(**kwargs)
+        except Exception:  # a wrong formula may not apply to this input (say, 1 // 0)
+            value = None
+        found.append((value, text))
+    return found
 
 
 def expect_raises(
@@ -156,14 +171,6 @@ def for_all(strategy: Any, check: Callable[[Any], None], max_examples: int = 150
         run()
     except AssertionError as failure:
         raise AssertionError(str(failure)) from None  # the hint alone, not hypothesis' report
-
-
-def _matches(got: Any, wrong: Callable[..., Any], kwargs: dict[str, Any], rel_tol: float) -> bool:
-    try:
-        value = wrong(**kwargs)
-    except Exception:  # a wrong formula may not apply to this input (say, 1 // 0)
-        return False
-    return value is not None and _same(got, value, rel_tol)
 
 
 def _same(got: Any, expected: Any, rel_tol: float) -> bool:

@@ -1,0 +1,68 @@
+"""What the grader runs in a graded notebook's kernel before the notebook's first cell.
+
+nbgrader starts every kernel with ``--IPKernelApp.exec_lines`` set to ``ARM`` (the
+configuration the grader writes, and the one ``course-dir`` writes for nbgrader's own
+``autograde``), so this runs before any learner code, in the kernel itself:
+
+1. ``course.setup()``: Triton's mode is chosen before any kernel is defined;
+2. ``guard.arm()``: the checks, and what they rely on, are recorded (``autograder.guard``);
+3. every answer of the chapter being graded becomes a tripwire (``autograder.borrowing``);
+   the chapter is named by ``KV_COURSE_CHAPTER``, else by the kernel's working folder, which
+   nbgrader names after the assignment (``autograded/<learner>/<NN_slug>/``);
+4. each cell's start ends the test that the cell before it ran (``guard.verify()``, the first
+   line of every test cell, starts one).
+
+The library knows nothing of this: grading concerns stay in ``autograder``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+ARM = "__import__('autograder.arming').arming.arm()"
+KERNEL_ARGUMENTS = [f"--IPKernelApp.exec_lines={ARM}"]
+
+
+def arm(chapter: str | None = None) -> None:
+    import course
+    from autograder import borrowing, guard
+
+    course.setup(quiet=True)
+    guard.arm()
+    slug = chapter or os.environ.get("KV_COURSE_CHAPTER") or Path.cwd().name
+    install_tripwires(slug)
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:
+        shell.events.register("pre_run_cell", lambda *_: borrowing.leaving_test())
+
+
+def install_tripwires(slug: str) -> list[str]:
+    """Make each answer of chapter ``slug`` a tripwire, wherever the library binds it; return
+    their names. Nothing for an unknown chapter."""
+    from autograder.borrowing import tripwire
+    from autograder.render import chapter_answers
+    from autograder.table import PARTS
+
+    if slug not in PARTS:
+        return []
+    names = []
+    for module_name, qualname in chapter_answers(slug):
+        module = importlib.import_module(module_name)
+        owner_name, _, name = qualname.rpartition(".")
+        owner = getattr(module, owner_name) if owner_name else module
+        original = vars(owner)[name]
+        replacement = tripwire(original, qualname)
+        setattr(owner, name, replacement)
+        if not owner_name:  # the same function bound in other library modules
+            for other in list(sys.modules.values()):
+                if getattr(other, "__name__", "").split(".")[0] in ("course", "kernels"):
+                    for attribute, value in list(vars(other).items()):
+                        if value is original:
+                            setattr(other, attribute, replacement)
+        names.append(qualname)
+    return names

@@ -1,0 +1,142 @@
+"""Borrowed answers score zero: a TODO answered with the course's own answer fails its tests.
+
+While a notebook is graded (``autograder.arming``), every answer of the chapter being graded
+is replaced, where the library defines it, by a *tripwire*: the same function, or a stand-in
+for a Triton kernel, that behaves exactly as the answer does except inside a test cell, where
+it raises ``BorrowedAnswer``. Two ways a learner can borrow, and how each is caught:
+
+* **what the checks are given is the answer**: an import or alias (``kv_bytes_per_token =
+  kv_sizing.kv_bytes_per_token``, however it was reached: a module path, ``importlib``,
+  ``getattr`` on the package), a method copied from the course's class, a subclass of it. Each
+  check, on entry, looks at what it was given (``check_subject``): a tripwire, or a class whose
+  methods include one, fails the test.
+* **the learner's code calls the answer**: a wrapper, a subclass that delegates through
+  ``super()``. A tripwire called in a test cell by anything but the course's own code (the
+  library, the checks) fails the test.
+
+Earlier chapters' answers are not tripwired: a notebook that builds on them uses them as the
+notebook intends. Code that merely resembles the course's is not flagged; it is not looked at.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# The course's own code: a tripwire may be called from here in a test (the library using its
+# own answers, the checks using their oracles); from anywhere else, it was borrowed.
+_OWN = tuple(str(Path(__import__(package).__file__).parent) + "/"
+             for package in ("course", "kernels", "autograder"))
+
+_STATE = {"in_test": False}
+
+
+class BorrowedAnswer(BaseException):
+    """A TODO's answer is the course's own. A BaseException, so that ``except Exception`` in
+    a learner's code cannot swallow it."""
+
+
+def _message(name: str) -> str:
+    return (f"This test does not count: the code it checks uses the course's own {name}. "
+            "Write this TODO yourself; earlier chapters' functions you may use as the notebook "
+            "says.")
+
+
+class _Tripwire:
+    """Marks a stand-in; ``original`` is what it stands for."""
+
+    name: str
+    original: Any
+
+
+def _wrap_function(original: Callable, name: str) -> Callable:
+    def tripwire(*args: Any, **kwargs: Any) -> Any:
+        if _STATE["in_test"] and not _called_by_the_course(sys._getframe(1)):
+            raise BorrowedAnswer(_message(name))
+        return original(*args, **kwargs)
+
+    for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
+        setattr(tripwire, attribute, getattr(original, attribute, None))
+    tripwire.__kv_tripwire__ = name  # no __wrapped__: the original is not handed out
+    return tripwire
+
+
+class _KernelTripwire:
+    """A Triton kernel's stand-in: ``kernel[grid](...)`` launches it, except in a test."""
+
+    def __init__(self, original: Any, name: str) -> None:
+        self._original, self.__kv_tripwire__ = original, name
+        self.__name__ = getattr(getattr(original, "fn", original), "__name__", name)
+
+    def __getitem__(self, grid: Any) -> Callable:
+        launch = self._original[grid]
+
+        def launched(*args: Any, **kwargs: Any) -> Any:
+            if _STATE["in_test"] and not _called_by_the_course(sys._getframe(1)):
+                raise BorrowedAnswer(_message(self.__kv_tripwire__))
+            return launch(*args, **kwargs)
+
+        return launched
+
+
+def _called_by_the_course(frame: Any) -> bool:
+    return frame is not None and frame.f_code.co_filename.startswith(_OWN)
+
+
+def tripwire(original: Any, name: str) -> Any:
+    """A stand-in for ``original`` (a function, a method or a Triton kernel), named ``name``
+    in the message a borrowed use gets."""
+    if inspect.isfunction(original):
+        return _wrap_function(original, name)
+    return _KernelTripwire(original, name)
+
+
+def is_tripwire(value: Any) -> bool:
+    return not inspect.isclass(value) and isinstance(getattr(value, "__kv_tripwire__", None), str)
+
+
+def _unwrapped(value: Any) -> Any:
+    """What a C-level wrapper (``functools.partial``, a cache, a bound method) calls."""
+    for _ in range(20):
+        inner = getattr(value, "func", None) or getattr(value, "__func__", None) or \
+            getattr(value, "__wrapped__", None)
+        if inner is None or inspect.isclass(value):
+            return value
+        value = inner
+    return value
+
+
+def borrowed(subject: Any) -> str | None:
+    """The name of the course's answer that ``subject`` (what a check is given) is or holds:
+    a tripwire (also inside a partial, a cache or a bound method), or a class with one among
+    its methods; None when it holds none."""
+    if inspect.isclass(subject):
+        for klass in subject.__mro__:
+            for value in vars(klass).values():
+                name = None if inspect.isclass(value) else borrowed(value)
+                if name is not None:
+                    return name
+        return None
+    for layer in (subject, _unwrapped(subject)):
+        if is_tripwire(layer):
+            return layer.__kv_tripwire__
+    return None
+
+
+def check_subject(*subjects: Any) -> None:
+    """Fail the test when what a check was given is the course's own answer."""
+    for subject in subjects:
+        name = borrowed(subject)
+        if name is not None:
+            raise BorrowedAnswer(_message(name))
+
+
+def entering_test() -> None:
+    _STATE["in_test"] = True
+
+
+def leaving_test() -> None:
+    _STATE["in_test"] = False

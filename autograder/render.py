@@ -1,0 +1,254 @@
+"""Each answer is written once, in the library; the instructor notebooks' cells come from it.
+
+The library (``course/``, ``kernels/``) is the source: an answer is the body of a function or
+method between nbgrader's own markers, ``### BEGIN SOLUTION`` and ``### END SOLUTION``. The
+chapter table (``autograder.table``) says where each solution cell's code is written:
+
+    "course.kv_sizing"                      the cell's functions are that module's
+    "course.block_manager:BlockManager"     the cell's functions are that class's methods
+
+and which class a locked ``skeleton`` cell gives (the library class, less every method that
+holds an answer). Rendering replaces each such definition in the cell with the library's text
+(a method dedented to the top level); the rest of the cell (imports, ``BlockManager.allocate =
+allocate``) is the notebook's own; the notebooks carry no pointer to the library. ``make
+exercises`` renders, then nbgrader's ``generate_assignment`` turns the markers into stubs;
+the learner edition turns the same markers in the library into stubs (``autograder.edition``).
+
+Sources are read as text (``ast``), never imported: kernels must not be defined before
+``course.setup()`` picks Triton's mode.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import textwrap
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import nbformat
+
+from autograder.table import PARTS
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One library definition that holds an answer, and the notebook cell it renders into."""
+
+    module: str  # "course.block_manager"
+    qualname: str  # "BlockManager.allocate" or "kv_bytes_per_token"
+    grade_id: str  # the solution cell's grade id
+
+    @property
+    def name(self) -> str:
+        return self.qualname.rsplit(".", 1)[-1]
+
+
+@cache
+def module_file(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise LookupError(f"no module {module}")
+    return Path(spec.origin)
+
+
+def _tree(module: str) -> tuple[list[str], ast.Module]:
+    text = module_file(module).read_text(encoding="utf-8")
+    return text.splitlines(), ast.parse(text)
+
+
+def span(lines: list[str], node: ast.stmt) -> tuple[int, int]:
+    """0-based [start, end) of a definition's lines: its decorators, and the comment lines
+    (an ``### END SOLUTION``) that close its body after the last statement."""
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+    end = node.end_lineno
+    indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip())
+    while end < len(lines) and lines[end].strip().startswith("#") and \
+            len(lines[end]) - len(lines[end].lstrip()) > indent:
+        end += 1
+    return start, end
+
+
+def _find(module: str, qualname: str) -> tuple[list[str], ast.stmt]:
+    lines, tree = _tree(module)
+    body = tree.body
+    node = None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, ast.FunctionDef | ast.ClassDef)
+                     and n.name == part), None)
+        if node is None:
+            raise LookupError(f"{module} defines no {qualname}")
+        body = node.body
+    return lines, node
+
+
+def definition(module: str, qualname: str) -> str:
+    """The library's text of ``module.qualname``, dedented to the top level."""
+    lines, node = _find(module, qualname)
+    start, end = span(lines, node)
+    return textwrap.dedent("\n".join(lines[start:end]))
+
+
+def holds_answer(text: str) -> bool:
+    return BEGIN in text
+
+
+def skeleton(module: str, class_name: str) -> str:
+    """The class as the notebook gives it: every method that holds an answer removed."""
+    lines, node = _find(module, class_name)
+    start, end = span(lines, node)
+    kept = list(range(start, end))
+    for method in node.body:
+        if isinstance(method, ast.FunctionDef):
+            first, last = span(lines, method)
+            if holds_answer("\n".join(lines[first:last])):
+                drop = set(range(first, last))
+                if first > 0 and not lines[first - 1].strip():
+                    drop.add(first - 1)  # and the blank line before it
+                kept = [i for i in kept if i not in drop]
+    return textwrap.dedent("\n".join(lines[i] for i in kept)).rstrip()
+
+
+def _target(reference: str) -> tuple[str, str]:
+    module, _, owner = reference.partition(":")
+    return module, owner
+
+
+def _sources(notebook: nbformat.NotebookNode) -> dict[str, dict[str, str]]:
+    """Grade id -> {"from": ...} or {"skeleton": ...}, from the chapter table."""
+    parts = PARTS[notebook.metadata["course"]["chapter"]]
+    found = {grade_id: {"from": where} for grade_id, where in parts.answers.items()}
+    if parts.skeleton:
+        found["skeleton"] = {"skeleton": parts.skeleton}
+    return found
+
+
+def _grade_id(cell: nbformat.NotebookNode) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def render_cell(source: str, where: dict[str, str]) -> str:
+    """``source`` with each definition that ``where`` names replaced by the library's."""
+    lines = source.splitlines()
+    if "skeleton" in where:
+        module, owner = _target(where["skeleton"])
+        replacement = {owner: skeleton(module, owner)}
+    else:
+        module, owner = _target(where["from"])
+        prefix = f"{owner}." if owner else ""
+        replacement = {node.name: definition(module, prefix + node.name)
+                       for node in ast.parse(source).body
+                       if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+    edits = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in replacement:
+            edits.append((*span(lines, node), replacement[node.name]))
+    for start, end, text in sorted(edits, reverse=True):
+        lines[start:end] = text.splitlines()
+    return "\n".join(lines)
+
+
+def render(notebook: nbformat.NotebookNode) -> list[str]:
+    """Render every cell of an instructor notebook from the library, in place; return the
+    grade ids of the cells that changed."""
+    sources = _sources(notebook)
+    changed = []
+    for cell in notebook.cells:
+        where = sources.get(_grade_id(cell))
+        if cell.cell_type != "code" or where is None:
+            continue
+        rendered = render_cell(cell.source, where)
+        if rendered != cell.source:
+            cell.source = rendered
+            changed.append(_grade_id(cell))
+    return changed
+
+
+def answers(notebook: nbformat.NotebookNode) -> list[Answer]:
+    """The library definitions whose answers an instructor notebook's cells render."""
+    sources = _sources(notebook)
+    found = []
+    for cell in notebook.cells:
+        where = sources.get(_grade_id(cell), {}).get("from")
+        if cell.cell_type != "code" or where is None:
+            continue
+        module, owner = _target(where)
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.FunctionDef):
+                qualname = f"{owner}.{node.name}" if owner else node.name
+                if holds_answer(definition(module, qualname)):
+                    found.append(Answer(module, qualname, _grade_id(cell)))
+    return found
+
+
+def subjects(notebook: nbformat.NotebookNode) -> dict[str, str]:
+    """What each TODO's checks take when the course's own answer is checked, by grade id:
+    ``module:function`` for a function, ``module:Class`` for a class built up in steps (a
+    cell written in the notebook alone stands for the class its skeleton gives)."""
+    parts = PARTS[notebook.metadata["course"]["chapter"]]
+    found = {}
+    for cell in notebook.cells:
+        nbgrader = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or not nbgrader.get("solution") or nbgrader.get("locked"):
+            continue
+        grade_id = nbgrader["grade_id"]
+        where = parts.answers.get(grade_id)
+        if where is None or ":" in where:
+            found[grade_id] = where or parts.skeleton
+            continue
+        names = [n.name for n in ast.parse(cell.source).body if isinstance(n, ast.FunctionDef)]
+        found[grade_id] = f"{where}:{grade_id if grade_id in names else names[-1]}"
+    return found
+
+
+def load(reference: str) -> object:
+    """The object ``module:qualname`` names (imports the module)."""
+    module, _, qualname = reference.partition(":")
+    found = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+LIBRARY = ("course", "kernels")
+
+
+def library_modules() -> list[str]:
+    """Every module of the library packages, by name."""
+    found = []
+    for package in LIBRARY:
+        folder = module_file(package).parent
+        found += [f"{package}.{path.stem}" for path in sorted(folder.glob("*.py"))
+                  if path.stem != "__init__"]
+    return found
+
+
+def written_answers() -> set[tuple[str, str]]:
+    """(module, qualname) of every library definition that holds an answer region."""
+    found = set()
+    for module in library_modules():
+        lines, tree = _tree(module)
+        for node in tree.body:
+            members = node.body if isinstance(node, ast.ClassDef) else [node]
+            prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+            for member in members:
+                if isinstance(member, ast.FunctionDef):
+                    start, end = span(lines, member)
+                    if holds_answer("\n".join(lines[start:end])):
+                        found.add((module, prefix + member.name))
+    return found
+
+
+def chapter_answers(slug: str) -> list[tuple[str, str]]:
+    """(module, qualname) of every answer the chapter's TODOs ask for, read from the library
+    and the chapter table alone (no notebook)."""
+    places = set(PARTS[slug].answers.values())
+    found = []
+    for module, qualname in sorted(written_answers()):
+        owner = qualname.rpartition(".")[0]
+        if (f"{module}:{owner}" if owner else module) in places:
+            found.append((module, qualname))
+    return found

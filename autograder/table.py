@@ -1,0 +1,65 @@
+"""Each chapter's parts, named once; everything else looks a chapter up here.
+
+``answers`` maps a solution cell's grade id to where its code is written in the library:
+``"module"`` (the cell's functions are that module's) or ``"module:Class"`` (they are that
+class's methods). A solution cell not named here is written in the notebook alone (chapter
+3's first ``append_slot``, which a later TODO replaces). ``skeleton`` is the class a locked
+``skeleton`` cell gives: the library class less every method that holds an answer.
+``needs`` are the chapters whose answers the notebook runs (the learner edition refuses a
+chapter whose needs are not revealed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Parts:
+    slug: str
+    answers: dict[str, str]
+    skeleton: str | None = None
+    needs: tuple[int, ...] = ()
+
+    @property
+    def number(self) -> int:
+        return int(self.slug[:2])
+
+    @property
+    def checks(self) -> str:
+        return f"autograder.checks.ch{self.slug[:2]}"
+
+
+def _all(module: str, *grade_ids: str) -> dict[str, str]:
+    return dict.fromkeys(grade_ids, module)
+
+
+PARTS = {parts.slug: parts for parts in [
+    Parts("01_kv_cache_sizing", _all(
+        "course.kv_sizing", "kv_bytes_per_token", "mla_kv_bytes_per_token",
+        "kv_bytes_per_sequence", "num_gpu_blocks", "requests_fit_contiguous",
+        "requests_fit_paged")),
+    Parts("02_fragmentation_and_block_tables", _all(
+        "course.block_tables", "blocks_needed", "locate", "slot_id", "slot_mapping",
+        "last_block_waste", "contiguous_utilisation", "paged_utilisation"), needs=(1,)),
+    Parts("03_block_manager", _all(
+        "course.block_manager:BlockManager", "allocate", "fork", "copy_on_write", "free"),
+        skeleton="course.block_manager:BlockManager"),
+    Parts("04_prefix_caching", _all("course.prefix_cache", "block_key", "prefix_keys") | _all(
+        "course.prefix_cache:PrefixCachingBlockManager", "take_block", "allocate",
+        "append_slot", "free"), skeleton="course.prefix_cache:PrefixCachingBlockManager"),
+    Parts("05_scheduling_and_continuous_batching", _all(
+        "course.scheduler:Scheduler", "admit", "reserve_decode_slots", "preempt", "swap_in"),
+        skeleton="course.scheduler:Scheduler", needs=(3,)),
+    Parts("06_paged_kv_in_pytorch", _all(
+        "kernels.paged_attention_ref", "write_kv", "paged_decode_attention", "merge_partials",
+        "blockwise_decode_attention", "decode_step")),
+    Parts("07_triton_paged_attention", _all(
+        "kernels.paged_attention_steps", "one_block_kernel", "block_loop_kernel",
+        "gqa_kernel") | _all("kernels.paged_attention", "paged_attention_kernel",
+                             "paged_attention") | _all(
+        "kernels.split_kv", "split_kv_kernel", "merge_splits_kernel"), needs=(6,)),
+    Parts("08_capstone_paged_serving", _all(
+        "course.paged_engine", "build_decode_batch", "paged_decode_step", "serve"),
+        needs=(3, 5, 6, 7)),
+]}
