@@ -4,7 +4,8 @@ nbgrader starts every kernel with ``--IPKernelApp.exec_lines`` set to ``ARM`` (t
 configuration the grader writes, and the one ``course-dir`` writes for nbgrader's own
 ``autograde``), so this runs before any learner code, in the kernel itself:
 
-1. ``course.setup()``: Triton's mode is chosen before any kernel is defined;
+1. ``course.setup()``: Triton's mode is chosen before any kernel is defined, and the library
+   is told that the notebook is being graded (animations and heavy plots skip themselves);
 2. ``guard.arm()``: the checks, and what they rely on, are recorded (``autograder.guard``);
 3. every answer of the chapter being graded becomes a tripwire (``autograder.borrowing``);
    the chapter is named by ``KV_COURSE_CHAPTER``, else by the kernel's working folder, which
@@ -29,8 +30,10 @@ KERNEL_ARGUMENTS = [f"--IPKernelApp.exec_lines={ARM}"]
 def arm(chapter: str | None = None) -> None:
     import course
     from autograder import borrowing, guard
+    from course.notebook import being_graded
 
     course.setup(quiet=True)
+    being_graded()
     guard.arm()
     slug = chapter or os.environ.get("KV_COURSE_CHAPTER") or Path.cwd().name
     install_tripwires(slug)

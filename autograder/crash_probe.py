@@ -15,6 +15,8 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
+from autograder.arming import KERNEL_ARGUMENTS
+
 
 def crashing_cell(path: str, cell_timeout: int) -> int:
     notebook = nbformat.read(path, as_version=4)
@@ -24,7 +26,8 @@ def crashing_cell(path: str, cell_timeout: int) -> int:
         started["index"] = cell_index
 
     client = NotebookClient(notebook, timeout=cell_timeout, kernel_name="python3",
-                            allow_errors=True, on_cell_execute=note)
+                            allow_errors=True, on_cell_execute=note,
+                            extra_arguments=KERNEL_ARGUMENTS)  # armed as when graded
     try:
         client.execute()
     except DeadKernelError:

@@ -6,6 +6,7 @@ the new definition follows it in the same cell, the way a learner's redefinition
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import textwrap
@@ -52,3 +53,58 @@ def class_solution(module: object, class_name: str, bound_name: str) -> str:
     source = inspect.getsource(module)
     source = re.sub(r"^from __future__ import annotations\n", "", source, flags=re.M)
     return f"{source}\n{bound_name} = {class_name}\n"
+
+
+def _borrow_function(module: str, name: str, form: int) -> str:
+    """A solution cell that answers with the course's own function, in one of four ways."""
+    return [
+        f"from {module} import {name}  # noqa: F401",
+        f"import importlib\n\n{name} = getattr(importlib.import_module({module!r}), {name!r})",
+        f"import {module} as course_module\n\n\ndef {name}(*args, **kwargs):\n"
+        f"    return course_module.{name}(*args, **kwargs)",
+        f"import functools\n\nimport {module} as course_module\n\n"
+        f"{name} = functools.partial(course_module.{name})",
+    ][form % 4]
+
+
+def _borrow_method(module: str, owner: str, name: str, form: int) -> str:
+    """A solution cell that answers with the course's own method: copied, delegated to, or
+    inherited by a subclass that takes the notebook's class's name."""
+    return [
+        f"import importlib\n\n{owner}.{name} = importlib.import_module({module!r}).{owner}.{name}",
+        f"import {module} as course_module\n\n\ndef {name}(self, *args, **kwargs):\n"
+        f"    return course_module.{owner}.{name}(self, *args, **kwargs)\n\n\n"
+        f"{owner}.{name} = {name}",
+        f"import {module} as course_module\n\n\nclass {owner}(course_module.{owner}):\n"
+        f"    def {name}(self, *args, **kwargs):\n"
+        f"        return super().{name}(*args, **kwargs)",
+    ][form % 3]
+
+
+def borrowed(exercise: Path, destination: Path, solution: Path) -> Path:
+    """``exercise`` with every answer cell replaced by one that borrows the course's own
+    answer, the ways of borrowing taken in turn (``solution`` says what each cell defines)."""
+    from autograder.table import PARTS
+
+    notebook = nbformat.read(exercise, as_version=4)
+    parts = PARTS[notebook.metadata["course"]["chapter"]]
+    defined = {c.metadata["nbgrader"]["grade_id"]: [
+        n.name for n in ast.parse(c.source).body if isinstance(n, ast.FunctionDef)]
+        for c in nbformat.read(solution, as_version=4).cells
+        if c.metadata.get("nbgrader", {}).get("solution")}
+    form = 0
+    for cell in notebook.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id not in defined or cell.metadata["nbgrader"].get("locked"):
+            continue
+        where = parts.answers.get(grade_id) or parts.skeleton
+        module, _, owner = where.partition(":")
+        pieces = []
+        for name in defined[grade_id]:
+            pieces.append(_borrow_method(module, owner, name, form) if owner
+                          else _borrow_function(module, name, form))
+            form += 1
+        cell.source = "\n\n\n".join(pieces)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, destination)
+    return destination

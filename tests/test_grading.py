@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from conftest import CHAPTERS
 from mutants import ch01 as mutants
-from notebook_variants import class_solution, fill, from_module, source_named
+from notebook_variants import borrowed, class_solution, fill, from_module, source_named
 
 from course import kv_sizing
 
@@ -52,7 +52,11 @@ def _max_points(chapter) -> float:
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
-def test_solution_full_exercise_zero_alternative_full(chapter, repo, tmp_path):
+def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, repo, tmp_path):
+    """The instructor's solution (earlier chapters' answers used as the notebook intends) and
+    a differently written correct one get full marks; the unfilled exercise and one whose
+    every TODO borrows the course's own answer (imported, aliased through importlib, wrapped,
+    partial, a method copied, delegated to, inherited) get zero, each test saying why."""
     exercise = repo / "exercises" / f"{chapter.name}.ipynb"
     alternative = importlib.import_module(f"alternatives.ch{chapter.number}")
     names = list(importlib.import_module(f"mutants.ch{chapter.number}").MUTANTS)
@@ -65,10 +69,13 @@ def test_solution_full_exercise_zero_alternative_full(chapter, repo, tmp_path):
         solutions = from_module(alternative, names)
     alternative_notebook = fill(exercise, tmp_path / "alternative" / f"{chapter.name}.ipynb",
                                 solutions)
+    borrowing = borrowed(exercise, tmp_path / "borrowed" / f"{chapter.name}.ipynb",
+                         chapter.source)
     report = tmp_path / "report.json"
-    done = grade("grade", chapter.source, exercise, alternative_notebook, "--json", report)
+    done = grade("grade", chapter.source, exercise, alternative_notebook, borrowing, "--json",
+                 report)
     assert done.returncode == 0, done.stderr
-    solution, unfilled, other = json.loads(report.read_text())
+    solution, unfilled, other, borrower = json.loads(report.read_text())
     full = _max_points(chapter)
     assert full > 0 and len(solution["tests"]) == 2 * len(names)  # visible + hidden per TODO
     assert (solution["score"], solution["max_score"]) == (full, full)
@@ -76,6 +83,9 @@ def test_solution_full_exercise_zero_alternative_full(chapter, repo, tmp_path):
     assert (unfilled["score"], unfilled["max_score"]) == (0, full)
     assert all("is not written yet" in t["message"] for t in unfilled["tests"])
     assert other["score"] == full, [t["message"] for t in other["tests"] if not t["passed"]]
+    assert borrower["score"] == 0, [t["id"] for t in borrower["tests"] if t["passed"]]
+    assert all("course's own" in t["message"] for t in borrower["tests"]), [
+        t["message"] for t in borrower["tests"] if "course's own" not in t["message"]]
     assert solution["chapter"] == chapter.name
     assert "interpreter" in solution["runtime"] or "CUDA" in solution["runtime"]
     assert set(solution) == {"learner", "notebook", "chapter", "timestamp", "status", "error",
