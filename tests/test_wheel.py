@@ -1,10 +1,14 @@
-"""The built wheel alone runs every chapter, as a Colab or VS Code session would.
+"""A class's learner edition, as its learners get it: its wheel alone runs every chapter.
 
-A fresh virtual environment gets a Jupyter kernel (and CPU torch where there is no GPU, as
-Colab has torch already), nothing from this checkout. The solution notebooks are copied, with
-the built wheel beside them, to a folder outside the checkout and run there top to bottom, in
-order: the first one's setup cell installs the course from the wheel, as on Colab when a
-learner uploads it. Each must run without an error and show its charts and widgets.
+The edition is built with chapters 1 to 7 revealed (chapter 8 is the one being learned). A
+fresh virtual environment gets a Jupyter kernel (and CPU torch where there is no GPU, as
+Colab has torch already), nothing from this checkout. The instructor's solution notebooks and
+the edition's exercises are copied, with the edition's wheel beside them, to a folder outside
+the checkout and run there top to bottom: the first one's setup cell installs the course from
+the wheel, as on Colab when a learner uploads it. Every solution runs without an error (its
+visible tests pass with no answer of chapter 8 in the library) and shows its charts and
+widgets; every exercise fails only in its test cells. The exercises of an edition with
+nothing revealed run there too: a cell that needs an unfinished TODO stops with one line.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ import torch
 from conftest import CHAPTERS, REPO
 from run_notebooks import errors
 
+from autograder.edition import build
+
 pytestmark = pytest.mark.pipeline
 
 PICTURES = {"application/vnd.plotly.v1+json", "application/vnd.jupyter.widget-view+json"}
+LEARNED = CHAPTERS[-1]  # not revealed: its answers are stubs in the edition
 
 
 def _pip(venv, *args: str) -> None:
@@ -31,13 +38,19 @@ def _pip(venv, *args: str) -> None:
                    check=True, capture_output=True, text=True)
 
 
+def _run(python, notebooks, out, env) -> None:
+    subprocess.run([str(python), str(REPO / "tests" / "run_notebooks.py"), str(out),
+                    *sorted(map(str, notebooks))], cwd=notebooks[0].parent, env=env,
+                   check=True, capture_output=True, text=True, timeout=1800)
+
+
 @pytest.fixture(scope="module")
 def wheel_env(tmp_path_factory):
-    """(the fresh environment's Python, the folder of notebooks it executed)."""
+    """(the fresh environment's Python, the folder of notebooks it ran, the edition with
+    nothing revealed and the folder of its exercises as they ran)."""
     root = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir",
-                    str(root / "dist"), str(REPO)], check=True, capture_output=True)
-    wheel = next((root / "dist").glob("paged_kv_course-*.whl"))
+    edition = build(root / "class", {int(c.number) for c in CHAPTERS[:-1]})
+    bare = build(root / "bare", set(), wheel=False)
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if not torch.cuda.is_available():  # never let pip pull a CUDA build onto a CPU machine
@@ -45,30 +58,41 @@ def wheel_env(tmp_path_factory):
     _pip(venv, "ipykernel", "nbclient")
     notebooks = root / "notebooks"
     notebooks.mkdir()
-    shutil.copyfile(wheel, notebooks / wheel.name)
+    shutil.copyfile(edition.wheel, notebooks / edition.wheel.name)
     for chapter in CHAPTERS:
         shutil.copyfile(chapter.source, notebooks / chapter.source.name)
+        shutil.copyfile(edition.root / "exercises" / chapter.source.name,
+                        notebooks / f"exercise-{chapter.source.name}")
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "TRITON_INTERPRET", "NBGRADER_EXECUTION")}
     python = venv / "bin" / "python"
-    subprocess.run([str(python), str(REPO / "tests" / "run_notebooks.py"), str(root / "ran"),
-                    *sorted(map(str, notebooks.glob("*.ipynb")))],
-                   cwd=notebooks, env=env, check=True, capture_output=True, text=True,
-                   timeout=1800)
-    return python, root / "ran"
+    _run(python, [notebooks / c.source.name for c in CHAPTERS[:1]], root / "ran", env)
+    _run(python, [p for p in notebooks.glob("*.ipynb") if p.name != CHAPTERS[0].source.name],
+         root / "ran", env)
+    _run(python, sorted((bare.root / "exercises").glob("*.ipynb")), root / "bare-ran",
+         dict(env, PYTHONPATH=str(bare.root)))  # the bare edition's library, not the wheel's
+    return python, root / "ran", bare, root / "bare-ran"
 
 
-def test_the_course_is_imported_from_the_wheel_not_from_this_checkout(wheel_env):
-    python, _ = wheel_env
-    located = subprocess.run(
-        [str(python), "-c", "import autograder, course, kernels\n"
-         "print(course.__file__, kernels.__file__, autograder.__file__)"],
-        cwd=python.parents[2], capture_output=True, text=True, check=True).stdout.split()
-    assert all("site-packages" in path for path in located), located
+def test_the_course_is_the_editions_wheel_with_the_learned_chapter_stubbed(wheel_env):
+    python, *_ = wheel_env
+    script = ("import autograder, course, kernels\n"
+              "print(course.__file__, kernels.__file__, autograder.__file__)\n"
+              "import importlib.util\n"
+              "print(importlib.util.find_spec('autograder.hidden'))\n")
+    located = subprocess.run([str(python), "-c", script], cwd=python.parents[2],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert all("site-packages" in path for path in located[:3]), located
+    assert located[3] == "None"  # no hidden checks in a learner's environment
+    stub = subprocess.run(
+        [str(python), "-c", "import course; course.setup(quiet=True)\n"
+         "from course.paged_engine import build_decode_batch\nbuild_decode_batch(None, [])"],
+        cwd=python.parents[2], capture_output=True, text=True)
+    assert "is not part of this edition" in stub.stderr
 
 
 def test_the_first_setup_cell_installed_the_course_from_the_wheel_beside_it(wheel_env):
-    _, ran = wheel_env
+    _, ran, *_ = wheel_env
     notebook = nbformat.read(ran / CHAPTERS[0].source.name, as_version=4)
     first = next(c for c in notebook.cells if c.cell_type == "code")
     printed = "".join(o.get("text", "") for o in first.outputs)
@@ -76,10 +100,34 @@ def test_the_first_setup_cell_installed_the_course_from_the_wheel_beside_it(whee
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
-def test_a_solution_runs_top_to_bottom_from_the_wheel(chapter, wheel_env):
-    _, ran = wheel_env
+def test_a_solution_runs_top_to_bottom_and_passes_its_visible_tests(chapter, wheel_env):
+    _, ran, *_ = wheel_env
     notebook = nbformat.read(ran / chapter.source.name, as_version=4)
     assert errors(notebook) == {}
     shown = [o for c in notebook.cells for o in c.get("outputs", [])
              if PICTURES & set(o.get("data", {}))]
     assert shown, "the chart and widget cells showed nothing"
+
+
+def _fails_only_where_a_learner_expects(notebook) -> dict[str, str]:
+    """Errors other than a test cell's and a cell stopping for an unfinished TODO."""
+    return {name: error for name, error in errors(notebook).items()
+            if not name.startswith("test_") and not error.startswith("NotReady:")}
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_an_exercise_fails_only_in_its_test_cells(chapter, wheel_env):
+    _, ran, *_ = wheel_env
+    notebook = nbformat.read(ran / f"exercise-{chapter.source.name}", as_version=4)
+    assert errors(notebook), "an unfilled exercise should fail its tests"
+    assert _fails_only_where_a_learner_expects(notebook) == {}
+
+
+def test_an_edition_with_nothing_revealed_runs_its_exercises(wheel_env):
+    *_, bare, ran = wheel_env
+    assert bare.included, "an edition with nothing revealed still holds chapters"
+    for chapter in bare.included:
+        notebook = nbformat.read(ran / f"{chapter.name}.ipynb", as_version=4)
+        assert _fails_only_where_a_learner_expects(notebook) == {}, chapter.name
+        stopped = [e for e in errors(notebook).values() if e.startswith("NotReady:")]
+        assert all("to see this" in e for e in stopped)
