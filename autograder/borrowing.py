@@ -38,6 +38,9 @@ class BorrowedAnswer(BaseException):
     """A TODO's answer is the course's own. A BaseException, so that ``except Exception`` in
     a learner's code cannot swallow it."""
 
+    def _render_traceback_(self) -> list[str]:  # IPython shows the message alone
+        return [str(self)]
+
 
 def _message(name: str) -> str:
     return (f"This test does not count: the code it checks uses the course's own {name}. "

@@ -12,7 +12,7 @@ from nbconvert import HTMLExporter
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
-from autograder.report import NotebookResult
+from autograder.report import VERDICTS, NotebookResult
 
 _HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
 
@@ -67,5 +67,5 @@ def _without_traceback(output):
     if output.get("output_type") != "error":
         return output
     name, value = output.get("ename", ""), output.get("evalue", "")
-    text = value if name == "AssertionError" and value else f"{name}: {value}"
+    text = value if name in VERDICTS and value else f"{name}: {value}"
     return nbformat.v4.new_output("stream", name="stdout", text=f"FAILED: {text}\n")

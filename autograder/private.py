@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autograder.borrowing import check_subject
+from autograder.checks._helpers import CheckFailed
 
 RECORDED = Path(__file__).resolve().parent / "checks" / "recorded"
 
@@ -54,11 +55,22 @@ def visible(check: Callable) -> Callable:
         outer = _STATE["scope"], _STATE["counts"]
         _STATE["scope"], _STATE["counts"] = f"{check.__module__}.{check.__name__}", {}
         try:
-            return check(*args, **kwargs)
+            return _verdict(check, args, kwargs, "visible test")
         finally:
             _STATE["scope"], _STATE["counts"] = outer
 
     return run
+
+
+def _verdict(check: Callable, args: tuple, kwargs: dict, kind: str) -> Any:
+    """Run ``check``; its failure becomes a ``CheckFailed`` that names the TODO's test."""
+    try:
+        return check(*args, **kwargs)
+    except CheckFailed:
+        raise
+    except AssertionError as failure:
+        todo = check.__name__.removeprefix("check_").removesuffix("_thoroughly")
+        raise CheckFailed(str(failure), f"The {kind} of {todo}") from failure
 
 
 def thorough(check: Callable) -> Callable:
@@ -67,7 +79,7 @@ def thorough(check: Callable) -> Callable:
     @functools.wraps(check)
     def run(*args: Any, **kwargs: Any) -> Any:
         check_subject(*args)
-        return check(*args, **kwargs)
+        return _verdict(check, args, kwargs, "hidden test")
 
     return run
 

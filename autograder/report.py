@@ -7,6 +7,8 @@ import textwrap
 from dataclasses import asdict, dataclass
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# exceptions whose message is the whole hint (the checks' verdicts, a borrowed answer)
+VERDICTS = ("AssertionError", "CheckFailed", "BorrowedAnswer")
 
 
 @dataclass
@@ -59,7 +61,7 @@ def failure_message(outputs: list | None) -> str:
         return "this test cell is missing from the notebook"
     for output in outputs:
         if output.get("output_type") == "error":
-            if output.get("ename") == "AssertionError" and output.get("evalue"):
+            if output.get("ename") in VERDICTS and output.get("evalue"):
                 return _ANSI.sub("", output["evalue"])
             if output.get("ename") == "CellTimeoutError":
                 return "the cell ran past its time limit (look for an endless loop)"

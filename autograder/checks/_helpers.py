@@ -6,11 +6,28 @@ import math
 import numbers
 import os
 import tempfile
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
 Diagnosis = tuple[Callable[..., Any], str]
 """A known wrong formula (returning None where it does not apply) and what it misses."""
+
+
+class CheckFailed(AssertionError):
+    """A check's verdict, shown in a notebook as the test's name and its hint, without the
+    traceback through the checks (IPython asks the exception how to show itself)."""
+
+    def __init__(self, hint: str, test: str) -> None:
+        super().__init__(hint)
+        self.test = test
+
+    def _render_traceback_(self) -> list[str]:
+        if os.environ.get("KV_COURSE_TRACEBACK"):
+            return traceback.format_exception(self)
+        return [f"{self.test} failed.", str(self),
+                "(For the traceback through the checks: %env KV_COURSE_TRACEBACK=1, then run "
+                "this cell again.)"]
 
 
 def describe_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> str:
