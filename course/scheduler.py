@@ -1,4 +1,4 @@
-"""Chapter 5's reference: the scheduling step of a continuous-batching engine.
+"""Chapter 5: the scheduling step of a continuous-batching engine.
 
 Every step the scheduler decides, on top of a chapter 3 BlockManager, which requests run:
 
@@ -183,10 +183,17 @@ class Scheduler:
         ### END SOLUTION
 
 
-class StaticBatchScheduler(Scheduler):
-    """Static batching: a new batch is admitted only once every request of the last one has
-    finished (no request joins a running batch)."""
+def static_batching(scheduler: type[Scheduler]) -> type[Scheduler]:
+    """``scheduler`` with static batching: a new batch is admitted only once every request
+    of the last one has finished (no request joins a running batch)."""
 
-    def admit(self, plan: StepPlan) -> None:
-        if not self.running:
-            super().admit(plan)
+    class StaticBatch(scheduler):
+        def admit(self, plan: StepPlan) -> None:
+            if not self.running:
+                super().admit(plan)
+
+    StaticBatch.__name__ = StaticBatch.__qualname__ = f"StaticBatch{scheduler.__name__}"
+    return StaticBatch
+
+
+StaticBatchScheduler = static_batching(Scheduler)

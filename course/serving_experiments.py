@@ -6,6 +6,11 @@ All run OPT-13B on an A100 40 GB (``course.serving_sim``'s cost model) with chap
 pool of 14,128 token slots, on ShareGPT-like requests arriving as a Poisson process.
 "Contiguous" is a scheduler whose block size is ``max_model_len`` (2,048): each request then
 holds one block of 2,048 slots from admission on, exactly a contiguous max-length reservation.
+
+Each experiment takes the scheduler class it runs (``scheduler``; the course's own by
+default), so that the notebook can run the learner's: ``Policy`` lets
+``course.notebook.learner_or_course`` compare two classes on a small scenario (``PROBE``)
+that admits, rejects, preempts by recompute and by swap, and swaps back in.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from course.scheduler import Scheduler, StaticBatchScheduler
+from course.scheduler import Request, Scheduler, static_batching
 from course.serving_sim import POOL_SLOTS, Report, opt13b_a100_40gb, poisson_arrivals, simulate
 from course.workloads import SHAREGPT
 
@@ -22,35 +27,90 @@ SWAP_SLOTS = 5242  # vLLM 0.8.5's default 4 GiB of swap space / 800 KiB per OPT-
 
 
 def run(rate: float, kind: str = "paged", block_size: int = 16, count: int = 600,
-        preemption: str = "recompute", seed: int = 0) -> Report:
-    """One simulated run: ``kind`` is "paged", "contiguous" or "static"."""
+        preemption: str = "recompute", seed: int = 0,
+        scheduler: type[Scheduler] = Scheduler) -> Report:
+    """One simulated run of ``scheduler``: ``kind`` is "paged", "contiguous" or "static"."""
     requests = poisson_arrivals(SHAREGPT, count, rate, seed, MAX_MODEL_LEN)
     size = MAX_MODEL_LEN if kind in ("contiguous", "static") else block_size
-    scheduler_class = StaticBatchScheduler if kind == "static" else Scheduler
+    scheduler_class = static_batching(scheduler) if kind == "static" else scheduler
     return simulate(requests, lambda: scheduler_class(
         POOL_SLOTS // size, size, preemption=preemption,
         cpu_blocks=SWAP_SLOTS // size if preemption == "swap" else 0), opt13b_a100_40gb())
 
 
-def batching(rate: float = 2.0) -> dict[str, Report]:
-    return {"static batching (contiguous)": run(rate, "static"),
-            "continuous batching, contiguous": run(rate, "contiguous"),
-            "continuous batching, paged (B=16)": run(rate, "paged")}
+def batching(rate: float = 2.0, scheduler: type[Scheduler] = Scheduler) -> dict[str, Report]:
+    return {"static batching (contiguous)": run(rate, "static", scheduler=scheduler),
+            "continuous batching, contiguous": run(rate, "contiguous", scheduler=scheduler),
+            "continuous batching, paged (B=16)": run(rate, "paged", scheduler=scheduler)}
 
 
-def rates(values: tuple[float, ...] = (0.5, 1, 1.5, 2, 3, 4, 6)) -> dict[str, list[Report]]:
-    return {kind: [run(r, kind) for r in values] for kind in ("contiguous", "paged")}
+def rates(values: tuple[float, ...] = (0.5, 1, 1.5, 2, 3, 4, 6),
+          scheduler: type[Scheduler] = Scheduler) -> dict[str, list[Report]]:
+    return {kind: [run(r, kind, scheduler=scheduler) for r in values]
+            for kind in ("contiguous", "paged")}
 
 
-def preemption(block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256), rate: float = 4.0
-               ) -> dict[str, list[Report]]:
-    return {mode: [run(rate, "paged", b, preemption=mode) for b in block_sizes]
+def preemption(block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256), rate: float = 4.0,
+               scheduler: type[Scheduler] = Scheduler) -> dict[str, list[Report]]:
+    return {mode: [run(rate, "paged", b, preemption=mode, scheduler=scheduler)
+                   for b in block_sizes]
             for mode in ("recompute", "swap")}
 
 
-def blocks(block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256), rate: float = 3.0
-           ) -> list[Report]:
-    return [run(rate, "paged", b) for b in block_sizes]
+def blocks(block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256), rate: float = 3.0,
+           scheduler: type[Scheduler] = Scheduler) -> list[Report]:
+    return [run(rate, "paged", b, scheduler=scheduler) for b in block_sizes]
+
+
+def bench(scheduler: type[Scheduler] = Scheduler) -> str:
+    """The simulator's own speed: 10,000 requests at 8 per second."""
+    start = time.perf_counter()
+    report = run(8.0, "paged", count=10_000, scheduler=scheduler)
+    elapsed = time.perf_counter() - start
+    return (f"simulated {report.completed:,} requests ({report.output_tokens:,} output tokens)"
+            f" in {elapsed:.1f} s of wall time: {report.completed / elapsed:,.0f} simulated "
+            "requests per second")
+
+
+# A small scenario that takes every path of a step: 8 blocks of 2 for four requests, one of
+# which can never fit (rejected); the other three outgrow the pool (preempted, then back:
+# prefilled again, or swapped out and in, two of them swapped out at once).
+PROBE = dict(specs=((4, 4), (6, 4), (6, 2), (6, 12)), num_blocks=8, block_size=2, cpu_blocks=8)
+
+
+def plans(scheduler: type[Scheduler], specs: tuple[tuple[int, int], ...], num_blocks: int,
+          block_size: int, cpu_blocks: int, max_steps: int = 500) -> dict[str, list[tuple]]:
+    """What ``scheduler`` plans, step by step, when it serves requests ``specs``
+    ((prompt_len, output_len), all there at the start) by recompute and by swap: per step,
+    the ids it prefills, decodes, preempts, swaps out, swaps in and rejects."""
+    found = {}
+    for mode in ("recompute", "swap"):
+        s = scheduler(num_blocks, block_size, preemption=mode, cpu_blocks=cpu_blocks)
+        for i, (prompt, output) in enumerate(specs):
+            s.add(Request(i, prompt, output))
+        steps = found[mode] = []
+        while (s.waiting or s.running or s.swapped) and len(steps) < max_steps:
+            plan = s.step()
+            steps.append(tuple(tuple(r.id for r in rs) for rs in (
+                plan.prefill, plan.decode, plan.preempted, [r for r, _ in plan.swapped_out],
+                [r for r, _ in plan.swapped_in], [r for r, _ in plan.rejected])))
+            for request in plan.prefill + plan.decode:
+                request.generated += 1
+                if request.done:
+                    s.finish(request)
+    return found
+
+
+class Policy:
+    """A scheduler class as ``course.notebook.learner_or_course`` sees it: called with a
+    scenario (``PROBE``), it returns what the class plans there (``plans``)."""
+
+    def __init__(self, scheduler: type[Scheduler]) -> None:
+        self.scheduler = scheduler
+        self.__name__ = scheduler.__name__
+
+    def __call__(self, **scenario) -> dict[str, list[tuple]]:
+        return plans(self.scheduler, **scenario)
 
 
 def row(name: str, report: Report) -> str:
@@ -95,12 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{len(steps.time)} steps, peak queue {max(steps.waiting)}, peak batch "
               f"{max(steps.running)}, preemptions {sum(steps.preemptions)}")
     else:
-        start = time.perf_counter()
-        report = run(8.0, "paged", count=10_000)
-        elapsed = time.perf_counter() - start
-        print(f"simulated {report.completed:,} requests ({report.output_tokens:,} output tokens)"
-              f" in {elapsed:.1f} s of wall time: {report.completed / elapsed:,.0f} simulated "
-              "requests per second")
+        print(bench())
 
 
 if __name__ == "__main__":

@@ -1,10 +1,14 @@
-"""The serving simulator on the reference scheduler: every request served exactly, no leak."""
+"""The serving simulator on the course's scheduler: every request served exactly, no leak; the
+experiments run whichever scheduler class they are given (the notebook gives the learner's)."""
 
 from __future__ import annotations
 
 import pytest
+from alternatives.ch05 import Scheduler as Alternative
+from mutants.ch05 import MUTANTS
 
 from course import serving_experiments as experiments
+from course.notebook import NotReady, learner_or_course, needs
 from course.scheduler import Request, Scheduler, StaticBatchScheduler, SwapSpaceFullError
 from course.serving_sim import opt13b_a100_40gb, poisson_arrivals, simulate
 from course.workloads import SHAREGPT
@@ -69,3 +73,60 @@ def test_paging_beats_contiguous_reservation_at_the_same_memory():
 def test_the_experiment_commands_print_their_tables(capsys):
     experiments.main(["timeline"])
     assert "steps, peak queue" in capsys.readouterr().out
+
+
+def test_the_experiments_run_the_scheduler_they_are_given():
+    made = []
+
+    class Counting(Alternative):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(type(self))
+
+    runs = experiments.batching(scheduler=Counting)
+    assert len(made) == 3 and made[1] is made[2] is Counting
+    assert made[0] is not Counting and issubclass(made[0], Counting)  # static batching
+    assert {label: r.completed for label, r in runs.items()} == {
+        label: r.completed for label, r in experiments.batching().items()}
+
+
+def test_the_probe_takes_every_path_of_a_step():
+    plans = experiments.plans(Scheduler, **experiments.PROBE)
+    for mode, steps in plans.items():
+        prefill, decode, preempted, out, back, rejected = (
+            sum(len(step[k]) for step in steps) for k in range(6))
+        assert prefill and decode and preempted and rejected
+        assert (out and back) if mode == "swap" else not (out or back)
+
+
+def _policy(cls, course=Scheduler):
+    return learner_or_course(experiments.Policy(cls), experiments.Policy(course),
+                             **experiments.PROBE)
+
+
+def test_the_notebook_runs_a_learners_scheduler_that_agrees_on_the_probe(capsys):
+    assert _policy(Alternative).scheduler is Alternative
+    assert "Using your Scheduler." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mutant", [m for wrong in MUTANTS.values() for m, _ in wrong],
+                         ids=lambda m: m.__name__)
+def test_a_wrong_scheduler_gives_way_to_the_courses_own(mutant, capsys):
+    assert _policy(mutant).scheduler is Scheduler
+    assert "the course's own version draws this" in capsys.readouterr().out
+
+
+def test_an_unfinished_scheduler_stops_the_cell_where_the_course_has_no_answer(capsys):
+    class Unfinished(Scheduler):
+        def preempt(self, victim, plan):
+            raise NotImplementedError
+
+    class Stubbed(Scheduler):  # the learner edition's course scheduler
+        def admit(self, plan):
+            raise NotImplementedError
+
+    assert _policy(Unfinished).scheduler is Scheduler
+    assert "not written yet" in capsys.readouterr().out
+    with pytest.raises(NotReady, match="Finish Unfinished"):
+        needs(_policy(Unfinished, course=Stubbed))
+    assert _policy(Alternative, course=Stubbed).scheduler is Alternative
