@@ -114,14 +114,14 @@ def _unwrapped(value: Any) -> Any:
 
 def borrowed(subject: Any) -> str | None:
     """The name of the course's answer that ``subject`` (what a check is given) is or holds:
-    a tripwire (also inside a partial, a cache or a bound method), or a class with one among
-    its methods; None when it holds none."""
+    a tripwire (also inside a partial, a cache or a bound method), or a class whose methods
+    resolve to one (copied in, or inherited and not overridden); None when it holds none."""
     if inspect.isclass(subject):
-        for klass in subject.__mro__:
-            for value in vars(klass).values():
-                name = None if inspect.isclass(value) else borrowed(value)
-                if name is not None:
-                    return name
+        for name in dir(subject):
+            value = inspect.getattr_static(subject, name, None)
+            found = None if inspect.isclass(value) else borrowed(value)
+            if found is not None:
+                return found
         return None
     for layer in (subject, _unwrapped(subject)):
         if is_tripwire(layer):
