@@ -71,7 +71,9 @@ def test_a_class_on_the_hub_from_login_to_gradebook(tmp_path):
         with ThreadPoolExecutor(len(work)) as pool:
             for done in [pool.submit(hand_in, learner, steps) for learner, steps in work.items()]:
                 done.result()
-        teacher.run(course + f"nbgrader collect {FIRST.name} && nbgrader collect {SECOND.name}")
+        collected = teacher.run(course + f"nbgrader collect {FIRST.name} && "
+                                         f"nbgrader collect {SECOND.name}")
+        assert "Collecting submission: bo-3" in collected and "cheating" not in collected
         graded = teacher.run(course + "python -m autograder grade-all submitted --jobs 2",
                              timeout=600)
         assert "4 submission(s): 4 graded now, 0 unchanged" in graded, graded
