@@ -12,14 +12,17 @@ TORCH_CPU ?= torch==2.13.0
 PORT ?= 8888
 
 .PHONY: setup lab test lint exercises screenshots bench bench-kernels bench-grading gpu-check \
-        doctor wheel clean
+        doctor wheel hub clean
 
 # The environment is (re)built when the dependency lists in pyproject.toml change, not when
 # anything else in it does (`python -m autograder repository URL` rewrites its URL).
 DEPENDENCIES := $(shell sed -n '/^dependencies = \[/,/^\]/p; /^\[project.optional-dependencies\]/,/^\[tool/p' pyproject.toml | cksum | cut -d' ' -f1)
 INSTALLED := $(VENV)/.installed-$(DEPENDENCIES)
 
-setup: $(INSTALLED)
+# JupyterHub's proxy (configurable-http-proxy) comes from npm, as hub/package-lock.json pins it.
+PROXY := hub/node_modules/.package-lock.json
+
+setup: $(INSTALLED) $(PROXY)
 
 $(INSTALLED):
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +33,18 @@ $(INSTALLED):
 	    echo "No NVIDIA GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
 	    $(BIN)/python -m pip install --quiet $(TORCH_CPU); \
 	fi
-	$(BIN)/python -m pip install --quiet -e '.[grader,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[grader,dev,hub]'
 	$(BIN)/python -m course doctor
 	rm -f $(VENV)/.installed*
 	touch $@
+
+# Only the class hub needs npm: without it, setup says so and the hub test skips (outside CI).
+$(PROXY): hub/package-lock.json
+	@if command -v npm >/dev/null; then \
+	    npm ci --prefix hub --no-audit --no-fund; \
+	else \
+	    echo "no npm: the class hub needs Node.js and npm (apt-get install -y nodejs npm)"; \
+	fi
 
 # JupyterLab refuses to run as root unless told to (containers, cloud VMs).
 lab: setup
@@ -78,5 +89,10 @@ doctor: setup
 wheel: setup
 	$(BIN)/python -m pip wheel --no-deps --wheel-dir dist .
 
+# A JupyterHub for a class on this machine (hub/README.md), for example:
+#   make hub HUB_ARGS="--chapters 1-3 --exchange /srv/nbgrader/exchange"
+hub: setup
+	$(BIN)/python hub/launch.py $(HUB_ARGS)
+
 clean:
-	rm -rf $(VENV) dist build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) dist build *.egg-info .pytest_cache .ruff_cache hub/node_modules
