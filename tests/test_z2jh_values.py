@@ -150,6 +150,6 @@ def test_the_image_is_the_course_wheel_of_this_version(values, repo):
     assert values["singleuser"]["image"]["tag"] == project["version"]
     wheel = re.sub(r"[-_.]+", "_", project["name"])
     dockerfile = (repo / "hub" / "Dockerfile").read_text()
-    assert f"COPY dist/{wheel}-*.whl" in dockerfile
-    assert re.search(rf"pip install .*{wheel}-\*\.whl\)\[grader\]", dockerfile)
+    assert f"COPY ${{COURSE}}/{wheel}-*.whl" in dockerfile and "ARG COURSE=dist" in dockerfile
+    assert re.search(rf"pip install .*{wheel}-\*\.whl\)\" \"nbgrader", dockerfile)
     assert f":{project['version']}" in dockerfile  # the tag it tells you to build
