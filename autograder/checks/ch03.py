@@ -32,7 +32,7 @@ _COW = ("Copy-on-write: a sequence about to write into a partly filled last bloc
 
 
 class _Harness:
-    """The learner's manager, a model of what it should hold, and a fake KV pool."""
+    """The learner's manager, the tokens each sequence should read back, and a fake KV pool."""
 
     def __init__(self, cls: type, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size

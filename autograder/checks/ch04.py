@@ -228,7 +228,7 @@ class _Harness:
         expected = len(self.model.hits(tokens, extra)) * self.size
         before = self._state()
         try:
-            hits = self._call(lambda: self.bm.allocate(seq, tokens, extra), "allocate")
+            hits = self._call(lambda: self.bm.allocate(seq, list(tokens), extra), "allocate")
         except NoFreeBlocksError:
             if admits:
                 self.fail("it raised NoFreeBlocksError, but the prompt fits.")
