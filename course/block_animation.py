@@ -13,6 +13,7 @@ from html import escape
 import ipywidgets as widgets
 
 from course.block_scenarios import Frame, Operation, record
+from course.notebook import NotReady
 from course.player import frame_player
 
 _COLOURS = ["#8ecae6", "#ffb703", "#90be6d", "#f28482", "#b392ac", "#f4a261", "#84a59d",
@@ -85,15 +86,20 @@ def allocation_animation(frames: list[Frame], interval_ms: int = 900) -> widgets
                         "kv-block-animation", interval_ms)
 
 
-def animate(manager_class: type, reference_class: type, num_blocks: int, block_size: int,
+def animate(manager_class: type, course_class: type, num_blocks: int, block_size: int,
             script: list[Operation]) -> widgets.VBox:
-    """Record ``script`` on the learner's class and animate it; fall back to the reference
-    (with a printed note) while the learner's class still raises NotImplementedError."""
+    """Record ``script`` on the learner's class and animate it, bugs included. While the
+    learner's class still raises NotImplementedError, the course's own version is animated
+    instead (with a printed note); where that is not in this edition either, the cell stops
+    with one line saying what to finish (``NotReady``)."""
     try:
         frames = record(manager_class(num_blocks, block_size), num_blocks, script)
         print("Animating your BlockManager.")
     except NotImplementedError:
+        try:
+            frames = record(course_class(num_blocks, block_size), num_blocks, script)
+        except NotImplementedError:
+            raise NotReady("Finish your BlockManager (its TODOs above) to see this.") from None
         print("Note: your BlockManager is not finished yet (a method raises "
               "NotImplementedError), so this animates the course's own version.")
-        frames = record(reference_class(num_blocks, block_size), num_blocks, script)
     return allocation_animation(frames)

@@ -36,8 +36,8 @@ class Frame:
 def record(manager: object, num_blocks: int, script: list[Operation]) -> list[Frame]:
     """Play ``script`` on ``manager`` and return one frame per operation (plus the start).
 
-    NotImplementedError propagates (the caller falls back to the reference); any other
-    exception is recorded as a failed step, and the script goes on.
+    NotImplementedError propagates (the caller falls back to the course's own version); any
+    other exception is recorded as a failed step, and the script goes on.
     """
     live: dict[int, None] = {}
 
@@ -126,3 +126,19 @@ def running_out() -> list[Operation]:
     change nothing), then a request that fits once another leaves."""
     return [("allocate", 0, 8), ("allocate", 1, 7), ("allocate", 2, 9), ("append", 1),
             ("append", 1), ("append", 0), ("free", 0), ("allocate", 2, 6)]
+
+
+def probe(manager_class: type) -> list[tuple]:
+    """What a BlockManager reports along a short script that allocates, grows, forks, copies
+    on write, runs out and frees, in terms every correct manager reports alike: after each
+    step, whether it raised, each sequence's length and number of blocks, the reference counts
+    in sorted order, the free blocks and the size of any copy (never which blocks it chose).
+    A notebook compares the learner's class with the course's on it before running a picture
+    or an experiment on the learner's."""
+    script: list[Operation] = [("allocate", 0, 3), ("fork", 0, 1), ("append", 1),
+                               ("append", 0), ("append", 0), ("allocate", 2, 5), ("free", 0),
+                               ("allocate", 2, 5), ("append", 2), ("fork", 2, 3),
+                               ("append", 3), ("free", 1), ("free", 2), ("free", 3)]
+    frames = record(manager_class(6, 2), 6, script)
+    return [(f.failed, f.lengths, {s: len(t) for s, t in f.tables.items()}, sorted(f.ref_counts),
+             f.free_blocks, f.copy and f.copy[2]) for f in frames]

@@ -95,10 +95,13 @@ class CacheReport:
 
 
 def serve(requests: list[PrefixRequest], block_size: int, num_blocks: int,
-          max_running: int = 16) -> CacheReport:
+          max_running: int = 16, manager_class: type = PrefixCachingBlockManager
+          ) -> CacheReport:
     """Run ``requests`` in order, at most ``max_running`` at a time, each generating one token
-    per step; a request waits for the one it follows, and for room in the pool."""
-    manager = PrefixCachingBlockManager(num_blocks, block_size)
+    per step; a request waits for the one it follows, and for room in the pool. The manager is
+    a ``manager_class`` (the notebook passes the learner's, once it agrees with the course's
+    own on ``probe``)."""
+    manager = manager_class(num_blocks, block_size)
     waiting = list(range(len(requests)))
     running: dict[int, int] = {}  # request -> output tokens still to generate
     done: set[int] = set()
@@ -132,6 +135,44 @@ def serve(requests: list[PrefixRequest], block_size: int, num_blocks: int,
     return CacheReport(prompt_tokens, hit_tokens, held / steps, unshared / steps)
 
 
+def probe(manager_class: type) -> list[tuple]:
+    """What a prefix-caching manager reports along two short scripts in tight pools (blocks of
+    2): prompts that share a prefix, a decoded block cached once full, prompts that do not fit
+    (one only because the cached blocks it would revive leave the free queue too), revivals
+    and evictions. After each step: what the step returned (hit tokens, a slot, or the error
+    it raised), the block tables, the free blocks and the evictable blocks. The contract (LRU
+    eviction, tail first) fixes all of them, so a notebook compares the learner's class with
+    the course's on it before serving through the learner's."""
+    scripts = [(6, [("allocate", 0, [1, 2, 3, 4, 5]), ("append", 0, 6),
+                    ("allocate", 1, [1, 2, 3, 4, 9]), ("free", 0, None), ("allocate", 2, [7] * 7),
+                    ("allocate", 3, [7, 7, 7]), ("free", 1, None),
+                    ("allocate", 4, [1, 2, 3, 4, 5, 6, 8]), ("free", 3, None),
+                    ("allocate", 5, [9, 9, 9]), ("free", 4, None), ("free", 5, None),
+                    ("allocate", 6, [1, 2, 3, 4]), ("allocate", 7, [8, 8, 8])]),
+               (3, [("allocate", 0, [1, 2, 3, 4, 5]), ("free", 0, None),
+                    ("allocate", 1, [9, 9, 9]), ("allocate", 2, [1, 2, 7]), ("free", 1, None),
+                    ("allocate", 2, [1, 2, 7])])]
+    seen: list[tuple] = []
+    for num_blocks, script in scripts:
+        manager = manager_class(num_blocks, 2)
+        live: list[int] = []
+        for kind, seq, tokens in script:
+            try:
+                if kind == "allocate":
+                    result = manager.allocate(seq, tokens)
+                    live.append(seq)
+                elif kind == "append":
+                    result = tuple(manager.append_slot(seq, tokens))
+                else:
+                    result = manager.free(seq)
+                    live.remove(seq)
+            except NoFreeBlocksError:
+                result = "NoFreeBlocksError"
+            seen.append((result, {s: manager.block_table(s) for s in live},
+                         manager.num_free_blocks(), list(manager.evictable_blocks())))
+    return seen
+
+
 WORKLOADS = {
     "chat, 500-token system prompt": lambda: chat(60),
     "few-shot, 4 tasks": lambda: few_shot(100),
@@ -139,8 +180,8 @@ WORKLOADS = {
 }
 
 
-def main(block_sizes: tuple[int, ...] = (1, 16, 64, 256), pool_tokens: int = 32768
-         ) -> dict[str, dict[int, CacheReport]]:
+def main(block_sizes: tuple[int, ...] = (1, 16, 64, 256), pool_tokens: int = 32768,
+         manager_class: type = PrefixCachingBlockManager) -> dict[str, dict[int, CacheReport]]:
     """Print hit rate and memory saved for each workload and block size; return them."""
     reports: dict[str, dict[int, CacheReport]] = {}
     print(f"{'workload':<32}{'block size':>11}{'prefill saved (hit rate)':>26}"
@@ -149,7 +190,8 @@ def main(block_sizes: tuple[int, ...] = (1, 16, 64, 256), pool_tokens: int = 327
         requests = make()
         reports[name] = {}
         for block_size in block_sizes:
-            report = serve(requests, block_size, pool_tokens // block_size)
+            report = serve(requests, block_size, pool_tokens // block_size,
+                           manager_class=manager_class)
             reports[name][block_size] = report
             print(f"{name:<32}{block_size:>11}{report.hit_rate:>26.1%}"
                   f"{report.memory_saved:>14.1%}")

@@ -1,6 +1,7 @@
 """What block sharing saves: parallel sampling and beam search run through a BlockManager.
 
-Each request is played step by step on the reference BlockManager, and the blocks it holds
+Each request is played step by step on a BlockManager (``manager_class``: the notebook passes
+the learner's, once it agrees with the course's own on a short probe), and the blocks it holds
 are summed over its steps, with sharing (fork and copy-on-write) and without (each sample or
 beam holding its own copy of everything). The saving is 1 - shared / unshared, the measure
 of the vLLM paper's Fig. 15 (Kwon et al., SOSP 2023, section 6.3), which reports 6.1 to 9.8 %
@@ -38,7 +39,7 @@ def _blocks(length: int, block_size: int) -> int:
 
 
 def parallel_sampling(requests: list[Request], n: int, mix: LengthMix, block_size: int = 16,
-                      seed: int = 0) -> Saving:
+                      seed: int = 0, manager_class: type = BlockManager) -> Saving:
     """Blocks held over time by ``n`` samples per request, with and without sharing."""
     rng = random.Random(seed)
     lengths = [r.output_len for r in sample_requests(mix, len(requests) * n, seed=seed + 1)]
@@ -46,8 +47,8 @@ def parallel_sampling(requests: list[Request], n: int, mix: LengthMix, block_siz
     for index, request in enumerate(requests):
         outputs = lengths[index * n:(index + 1) * n]
         rng.shuffle(outputs)
-        manager = BlockManager(_blocks(request.prompt_len + max(outputs), block_size) * n + 1,
-                               block_size)
+        pool = _blocks(request.prompt_len + max(outputs), block_size) * n + 1
+        manager = manager_class(pool, block_size)
         manager.allocate(0, request.prompt_len)
         for child in range(1, n):
             manager.fork(0, child)
@@ -59,19 +60,19 @@ def parallel_sampling(requests: list[Request], n: int, mix: LengthMix, block_siz
                 if live[seq] == 0:
                     manager.free(seq)
                     del live[seq]
-            shared += manager.num_blocks - manager.num_free_blocks()
+            shared += pool - manager.num_free_blocks()
             unshared += sum(_blocks(manager.seq_len(s), block_size) for s in live)
     return Saving(shared, unshared)
 
 
 def beam_search(requests: list[Request], width: int, block_size: int = 16,
-                seed: int = 0) -> Saving:
+                seed: int = 0, manager_class: type = BlockManager) -> Saving:
     """Blocks held over time by ``width`` beams per request, with and without sharing."""
     rng = random.Random(seed)
     shared = unshared = 0
     for request in requests:
-        manager = BlockManager(_blocks(request.final_len, block_size) * width * 2 + 2,
-                               block_size)
+        pool = _blocks(request.final_len, block_size) * width * 2 + 2
+        manager = manager_class(pool, block_size)
         manager.allocate(0, request.prompt_len)
         beams, next_id = [0], 1
         for _ in range(1, width):
@@ -81,7 +82,7 @@ def beam_search(requests: list[Request], width: int, block_size: int = 16,
         for _ in range(request.output_len):
             for beam in beams:
                 manager.append_slot(beam)
-            shared += manager.num_blocks - manager.num_free_blocks()
+            shared += pool - manager.num_free_blocks()
             unshared += sum(_blocks(manager.seq_len(b), block_size) for b in beams)
             parents = [rng.choice(beams) for _ in beams]
             survivors = []

@@ -1,15 +1,20 @@
-"""Chapter 3's scenarios, animation, sharing figures and benchmark, on the reference."""
+"""Chapter 3's scenarios, animation, sharing figures and benchmark: on the course's own
+BlockManager, and on a learner's class where the notebook runs the learner's."""
 
 from __future__ import annotations
 
 import re
+from collections import deque
 
 import pytest
+from alternatives.ch03 import ALTERNATIVES
+from mutants.ch03 import MUTANTS
 
-from course.bench import NaiveFreeListManager, trace_ops_per_second
+from course.bench import NaiveFreeListManager, naive, trace_ops_per_second
 from course.block_animation import allocation_animation, animate
 from course.block_manager import BlockManager
-from course.block_scenarios import beam_search, interleaved_growth, record, running_out
+from course.block_scenarios import beam_search, interleaved_growth, probe, record, running_out
+from course.notebook import NotReady, learner_or_course_class, needs
 from course.sharing import beam_search as beam_saving
 from course.sharing import parallel_sampling
 from course.workloads import ALPACA, sample_requests
@@ -68,14 +73,20 @@ def test_the_animation_steps_through_the_trace_with_its_hooks():
     assert _hooks(view.value)["step"] == str(cow - 1)
 
 
-def test_an_unfinished_class_falls_back_to_the_reference(capsys):
-    class Unfinished(BlockManager):
-        def fork(self, parent_id, child_id):
-            raise NotImplementedError()
+class _Unfinished(BlockManager):
+    def fork(self, parent_id, child_id):
+        raise NotImplementedError()
 
-    widget = animate(Unfinished, BlockManager, 16, 4, beam_search(width=3))
-    assert "reference version" in capsys.readouterr().out
+
+def test_an_unfinished_class_falls_back_to_the_course_s_own_version(capsys):
+    widget = animate(_Unfinished, BlockManager, 16, 4, beam_search(width=3))
+    assert "the course's own version" in capsys.readouterr().out
     assert _hooks(widget.children[1].value)["steps"] == str(len(beam_search(width=3)) + 1)
+
+
+def test_without_the_course_s_version_an_unfinished_class_stops_the_cell_in_one_line():
+    with pytest.raises(NotReady, match="Finish your BlockManager"):
+        animate(_Unfinished, _Unfinished, 16, 4, beam_search(width=3))
 
 
 def test_a_buggy_class_is_animated_with_its_errors_shown(capsys):
@@ -102,3 +113,36 @@ def test_sharing_saves_more_for_beams_than_samples_and_more_with_width(alpaca):
 def test_the_benchmark_runs_both_free_pools():
     assert trace_ops_per_second(BlockManager, 200, operations=900) > 0
     assert trace_ops_per_second(NaiveFreeListManager, 200, operations=900) > 0
+    slow = naive(_Unfinished)(8, 4)  # any class built on the skeleton's free pool
+    assert isinstance(slow, _Unfinished) and not isinstance(slow.free_blocks, deque)
+    slow.allocate(0, 9)
+    assert (slow.block_table(0), slow.num_free_blocks()) == ([0, 1, 2], 5)
+
+
+def test_the_probe_tells_correct_classes_from_wrong_ones():
+    expected = probe(BlockManager)
+    assert all(probe(cls) == expected for cls in ALTERNATIVES)
+    for wrong, _ in [m for found in MUTANTS.values() for m in found]:
+        assert probe(wrong) != expected, wrong.__name__
+
+
+def test_the_notebook_runs_a_correct_class_and_stands_in_for_an_unfinished_one(capsys):
+    mine = ALTERNATIVES[0]
+    assert learner_or_course_class(mine, BlockManager, probe) is mine
+    assert "Using your BlockManager." in capsys.readouterr().out
+    assert learner_or_course_class(_Unfinished, BlockManager, probe) is BlockManager
+    assert "the course's own version" in capsys.readouterr().out
+    wrong = MUTANTS["copy_on_write"][0][0]
+    assert learner_or_course_class(wrong, BlockManager, probe) is BlockManager
+    assert "disagrees" in capsys.readouterr().out
+    stand_in = learner_or_course_class(_Unfinished, _Unfinished, probe)  # a learner edition
+    with pytest.raises(NotReady, match="Finish"):
+        needs(stand_in)
+
+
+def test_sharing_runs_any_correct_class_alike(alpaca):
+    few = alpaca[:20]
+    for cls in ALTERNATIVES:  # no num_blocks attribute, a LIFO or random free pool
+        assert parallel_sampling(few, 4, ALPACA, manager_class=cls) == parallel_sampling(
+            few, 4, ALPACA)
+        assert beam_saving(few, 3, manager_class=cls) == beam_saving(few, 3)

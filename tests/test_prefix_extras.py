@@ -1,12 +1,16 @@
-"""Chapter 4's workloads, serving loop, tree picture and key counterexample, on the reference."""
+"""Chapter 4's workloads, serving loop, tree picture and key counterexample: on the course's own
+manager, and on a learner's class where the notebook runs the learner's."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+from alternatives.ch04 import ALTERNATIVES
+from mutants.ch04 import MUTANTS
 
 from course import prefix_sim
+from course.notebook import NotReady, learner_or_course_class, needs
 from course.prefix_cache import PrefixCachingBlockManager, block_key, prefix_keys
 from course.prefix_tree import prefix_tree_player, record_tree
 
@@ -57,3 +61,32 @@ def test_the_tree_player_shows_shared_and_evictable_blocks():
     slider.value = 3
     root = re.search(r'<div class="kv-prefix-tree"([^>]*)>', view.value).group(1)
     assert 'data-step="3"' in root and f'data-evictable="{len(frames[3].evictable)}"' in root
+
+
+class _Unfinished(PrefixCachingBlockManager):
+    def append_slot(self, seq_id, token):
+        raise NotImplementedError()
+
+
+def test_the_probe_tells_correct_managers_from_wrong_ones():
+    expected = prefix_sim.probe(PrefixCachingBlockManager)
+    assert all(prefix_sim.probe(cls) == expected for cls in ALTERNATIVES)
+    for wrong in [m for found in MUTANTS.values() for m, _ in found if isinstance(m, type)]:
+        try:
+            assert prefix_sim.probe(wrong) != expected, wrong.__name__
+        except (KeyError, ValueError):  # learner_or_course_class falls back on a raise too
+            pass
+
+
+def test_the_notebook_serves_through_a_correct_class_and_stands_in_for_an_unfinished_one(
+        capsys):
+    mine = ALTERNATIVES[0]
+    assert learner_or_course_class(mine, PrefixCachingBlockManager, prefix_sim.probe) is mine
+    assert "Using your PrefixCachingBlockManager." in capsys.readouterr().out
+    assert learner_or_course_class(_Unfinished, PrefixCachingBlockManager,
+                                   prefix_sim.probe) is PrefixCachingBlockManager
+    assert "the course's own version" in capsys.readouterr().out
+    with pytest.raises(NotReady, match="Finish"):
+        needs(learner_or_course_class(_Unfinished, _Unfinished, prefix_sim.probe))
+    mix = prefix_sim.chat(20, system_prompt=40, mean_user=30, mean_output=10, seed=3)
+    assert prefix_sim.serve(mix, 8, 400, manager_class=mine) == prefix_sim.serve(mix, 8, 400)

@@ -1,30 +1,27 @@
-"""Checks for chapter 3, the BlockManager.
+"""Visible checks for chapter 3, the BlockManager: each TODO's readable scenarios.
 
 Every check drives the learner's class through its public methods only (``allocate``,
 ``append_slot``, ``fork``, ``free``, ``block_table``, ``seq_len``, ``ref_count``,
-``num_free_blocks``) and compares what it sees with a model: which blocks each sequence holds
-and how many tables hold each block. It never asks *which* free block comes next, so a FIFO,
-LIFO or random free pool all pass.
+``num_free_blocks``) and checks, after every operation, contracts any correct manager keeps:
+the books balance (a block's count is the number of tables holding it, free + in use = all),
+and a sentinel KV pool reads back right. It never asks *which* free block comes next, so a
+FIFO, LIFO or random free pool all pass.
 
-A sentinel runs alongside: every slot the manager hands out is written, in a fake KV pool,
-with a (sequence, position) marker, and every copy-on-write it asks for is performed. After
-each operation, reading each live sequence's positions through its block table must return
+The sentinel: every slot the manager hands out is written, in a fake KV pool, with a
+(sequence, position) marker, and every copy-on-write it asks for is performed. After each
+operation, reading each live sequence's positions through its block table must return
 exactly its own tokens (or, before a fork, its parent's).
+
+The stateful hidden checks (random interleavings of every operation, run through the same
+harness) are in the chapter's hidden module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    rule,
-)
-
-from autograder.checks._helpers import not_written, run_stateful
+from autograder.checks._helpers import not_written
+from autograder.private import visible
 from course.block_manager import CopyOnWrite, NoFreeBlocksError
 
 SUBJECT = "BlockManager"  # these checks take the learner's class, not a function
@@ -35,7 +32,7 @@ _COW = ("Copy-on-write: a sequence about to write into a partly filled last bloc
 
 
 class _Harness:
-    """The learner's manager, a model of what it should hold, and a fake KV pool."""
+    """The learner's manager, the tokens each sequence should read back, and a fake KV pool."""
 
     def __init__(self, cls: type, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -265,6 +262,7 @@ def _not_written_method(text: str) -> str:
 # --- visible checks ------------------------------------------------------------------------
 
 
+@visible
 def check_allocate(cls: type) -> None:
     """8 blocks of 4: a 10-token prompt takes 3 blocks, an empty one none, a 21-token one does
     not fit (NoFreeBlocksError, nothing changes), and a sequence cannot be allocated twice."""
@@ -278,6 +276,7 @@ def check_allocate(cls: type) -> None:
                    "A sequence id that already has blocks cannot be allocated again.")
 
 
+@visible
 def check_append_slot(cls: type) -> None:
     """Block size 4: a 3-token sequence fills its block, then takes a new one; two sequences
     grow interleaved; block size 1 takes a block per token; running out changes nothing."""
@@ -294,6 +293,7 @@ def check_append_slot(cls: type) -> None:
     one.append(0)  # the pool is exhausted: NoFreeBlocksError, nothing changes
 
 
+@visible
 def check_fork(cls: type) -> None:
     """A forked child shares every block of its parent; counts go up, nothing is copied."""
     h = _Harness(cls, 8, 4)
@@ -308,6 +308,7 @@ def check_fork(cls: type) -> None:
                    "The child id must be new.")
 
 
+@visible
 def check_copy_on_write(cls: type) -> None:
     """Block size 4: forked after 3 tokens, the first sequence to write copies the shared
     block; forked after 4, both take fresh blocks and the full block stays shared; a copy
@@ -328,6 +329,7 @@ def check_copy_on_write(cls: type) -> None:
     tight.append(1)  # must copy, no block free: NoFreeBlocksError, nothing changes
 
 
+@visible
 def check_free(cls: type) -> None:
     """Freeing a parent keeps the blocks its child shares; freeing the child returns them;
     freeing an unknown or already-freed sequence raises."""
@@ -344,73 +346,3 @@ def check_free(cls: type) -> None:
                    "Freeing a sequence twice must raise, not release its blocks again.")
     h.expect_error("bm.free(7)", lambda: h.bm.free(7), (KeyError, ValueError),
                    "Freeing a sequence that never existed must raise.")
-
-
-# --- hidden checks: stateful, against the model ---------------------------------------------
-
-
-def _machine(cls: type, operations: set[str]) -> type:
-    class BlockManagerMachine(RuleBasedStateMachine):
-        h: _Harness
-        next_id = 0
-
-        @initialize(num_blocks=st.integers(1, 10), block_size=st.sampled_from([1, 2, 3, 4, 16]))
-        def create(self, num_blocks: int, block_size: int) -> None:
-            self.h = _Harness(cls, num_blocks, block_size)
-
-        @rule(num_tokens=st.integers(0, 20))
-        def allocate(self, num_tokens: int) -> None:
-            self.h.allocate(self.next_id, num_tokens)
-            self.next_id += 1
-
-        @rule(data=st.data())
-        def append(self, data: st.DataObject) -> None:
-            if self.h.tokens and "append" in operations:
-                self.h.append(data.draw(st.sampled_from(sorted(self.h.tokens))))
-
-        @rule(data=st.data())
-        def fork(self, data: st.DataObject) -> None:
-            if self.h.tokens and "fork" in operations:
-                self.h.fork(data.draw(st.sampled_from(sorted(self.h.tokens))), self.next_id)
-                self.next_id += 1
-
-        @rule(data=st.data())
-        def free(self, data: st.DataObject) -> None:
-            if self.h.tokens and "free" in operations:
-                self.h.free(data.draw(st.sampled_from(sorted(self.h.tokens))))
-
-        @invariant()
-        def books_balance(self) -> None:
-            if hasattr(self, "h"):
-                self.h.verify()
-
-    return BlockManagerMachine
-
-
-def _stateful(cls: type, operations: set[str], max_examples: int = 120) -> None:
-    run_stateful(_machine(cls, operations), max_examples, steps=40)
-
-
-def check_allocate_thoroughly(cls: type) -> None:
-    """Random prompts into random small pools (block size 1 included): all or nothing."""
-    _stateful(cls, set())
-
-
-def check_append_slot_thoroughly(cls: type) -> None:
-    """Random interleavings of allocate and append_slot, running out included."""
-    _stateful(cls, {"append"})
-
-
-def check_fork_thoroughly(cls: type) -> None:
-    """Random interleavings of allocate and fork (forks of forks included)."""
-    _stateful(cls, {"fork"})
-
-
-def check_copy_on_write_thoroughly(cls: type) -> None:
-    """Random interleavings of allocate, append_slot and fork, with the sentinel pool."""
-    _stateful(cls, {"append", "fork"})
-
-
-def check_free_thoroughly(cls: type) -> None:
-    """Random interleavings of every operation, running out of blocks included."""
-    _stateful(cls, {"append", "fork", "free"}, max_examples=200)

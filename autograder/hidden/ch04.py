@@ -1,0 +1,265 @@
+"""Chapter 4's hidden checks, and the model the visible checks ask what a manager should hold.
+
+The model is the contract written plainly and differently from any manager: its cache is
+keyed by the *whole token prefix* (no hashing at all) and its free blocks are a plain LRU
+list, so it predicts every block table exactly. The visible checks' harness asks it
+(``model``, through ``autograder.private``) after every operation; the stateful checks here
+run the same harness on random interleavings, with eviction, revival and the sentinel KV
+pool. ``block_key`` and ``prefix_keys`` are checked on random inputs for their properties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
+
+from autograder.checks._helpers import for_all, not_written, run_stateful
+from autograder.checks.ch04 import (
+    _KEY_IDEA,
+    ROOT,
+    _check_prefix,
+    _differ,
+    _Harness,
+    _key,
+    check_block_key,
+    check_free,
+)
+from autograder.private import thorough
+from course.block_manager import NoFreeBlocksError
+
+# --- block_key and prefix_keys -------------------------------------------------------------
+
+
+@thorough
+def check_block_key_thoroughly(fn: Callable) -> None:
+    """The visible cases, then random blocks: distinct inputs never share a key; equal inputs
+    always do."""
+    check_block_key(fn)
+    blocks = st.tuples(st.sampled_from([ROOT, "a" * 64, "b" * 64]),
+                       st.lists(st.integers(0, 50_000), min_size=1, max_size=16),
+                       st.sampled_from([(), ("lora-1",), ("salt", 7)]))
+
+    def distinct(pair):
+        a, b = pair
+        if (a[0], list(a[1]), a[2]) == (b[0], list(b[1]), b[2]):
+            if _key(fn, *a) != _key(fn, *b):
+                raise AssertionError(f"block_key{a} changed between calls. {_KEY_IDEA}")
+        else:
+            _differ(fn, a, b, "different inputs must get different keys.")
+
+    for_all(st.tuples(blocks, blocks), distinct, max_examples=200)
+
+
+@thorough
+def check_prefix_keys_thoroughly(fn: Callable) -> None:
+    """Random token lists and block sizes, lengths on block boundaries, repeated blocks."""
+    cases = st.tuples(st.lists(st.integers(0, 3), max_size=40), st.integers(1, 9),
+                      st.sampled_from([(), ("lora-3",)]))
+    for_all(cases, lambda c: _check_prefix(fn, *c), max_examples=100)
+
+
+# --- the manager: a model keyed by whole prefixes ------------------------------------------
+
+
+class _Model:
+    """The contract, written plainly: cache keyed by the whole token prefix, LRU list."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.size = block_size
+        self.lru = list(range(num_blocks))  # free blocks, least recently used first
+        self.refs = [0] * num_blocks
+        self.cache: dict[tuple, int] = {}
+        self.key_of: dict[int, tuple] = {}
+        self.tables: dict[int, list[int]] = {}
+        self.tokens: dict[int, list[int]] = {}
+        self.extra: dict[int, tuple] = {}
+        self.keyed: dict[int, int] = {}  # how many of a sequence's blocks were keyed
+
+    def prefix(self, tokens, extra, blocks: int) -> tuple:
+        return (tuple(extra), tuple(tokens[:blocks * self.size]))
+
+    def take(self) -> int:
+        block = self.lru.pop(0)
+        if block in self.key_of:
+            del self.cache[self.key_of.pop(block)]
+        self.refs[block] = 1
+        return block
+
+    def cache_full(self, seq: int) -> None:
+        """Cache each block the moment it becomes full, if its prefix is not cached yet (a
+        duplicate is never cached later: no de-duplication)."""
+        tokens, table = self.tokens[seq], self.tables[seq]
+        for i in range(self.keyed.get(seq, 0), len(tokens) // self.size):
+            key = self.prefix(tokens, self.extra[seq], i + 1)
+            if key not in self.cache and table[i] not in self.key_of:
+                self.cache[key] = table[i]
+                self.key_of[table[i]] = key
+        self.keyed[seq] = len(tokens) // self.size
+
+    def hits(self, tokens, extra) -> list[int]:
+        found = []
+        for i in range((len(tokens) - 1) // self.size if tokens else 0):
+            block = self.cache.get(self.prefix(tokens, extra, i + 1))
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def admits(self, tokens, extra) -> bool:
+        hits = self.hits(tokens, extra)
+        revived = sum(1 for b in hits if self.refs[b] == 0)
+        return -(-len(tokens) // self.size) - len(hits) + revived <= len(self.lru)
+
+    def allocate(self, seq, tokens, extra) -> int:
+        hits = self.hits(tokens, extra)
+        for block in hits:
+            if self.refs[block] == 0:
+                self.lru.remove(block)
+            self.refs[block] += 1
+        fresh = [self.take() for _ in range(-(-len(tokens) // self.size) - len(hits))]
+        self.tables[seq], self.tokens[seq], self.extra[seq] = hits + fresh, list(tokens), extra
+        self.cache_full(seq)
+        return len(hits) * self.size
+
+    def append(self, seq, token) -> None:
+        if len(self.tokens[seq]) % self.size == 0:
+            self.tables[seq].append(self.take())
+        self.tokens[seq].append(token)
+        self.cache_full(seq)
+
+    def free(self, seq) -> None:
+        for block in reversed(self.tables.pop(seq)):
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self.lru.append(block)
+        del self.tokens[seq], self.extra[seq], self.keyed[seq]
+
+    def view(self) -> dict:
+        """What a manager should hold now, as plain data: each sequence's block table, every
+        block's reference count, the cached blocks, the evictable blocks (LRU first) and the
+        number of free blocks."""
+        return {"tables": {seq: list(table) for seq, table in self.tables.items()},
+                "refs": list(self.refs), "cached": sorted(self.key_of),
+                "evictable": [b for b in self.lru if b in self.key_of], "free": len(self.lru)}
+
+
+def model(num_blocks: int, block_size: int) -> _Model:
+    """A fresh model of an empty pool, for the visible checks' harness."""
+    return _Model(num_blocks, block_size)
+
+
+def _machine(cls: type, operations: set[str]) -> type:
+    prompts = st.lists(st.integers(0, 2), max_size=12)  # few token values: many shared prefixes
+
+    class PrefixCacheMachine(RuleBasedStateMachine):
+        h: _Harness
+        next_id = 0
+
+        @initialize(num_blocks=st.integers(1, 10), block_size=st.sampled_from([1, 2, 3, 4]))
+        def create(self, num_blocks: int, block_size: int) -> None:
+            self.h = _Harness(cls, num_blocks, block_size, model(num_blocks, block_size))
+
+        @rule(tokens=prompts, salted=st.booleans())
+        def allocate(self, tokens: list[int], salted: bool) -> None:
+            self.h.allocate(self.next_id, tokens, ("salt",) if salted else ())
+            self.next_id += 1
+
+        @rule(data=st.data())
+        def append(self, data: st.DataObject) -> None:
+            if self.h.tokens and "append" in operations:
+                seq = data.draw(st.sampled_from(sorted(self.h.tokens)))
+                self.h.append(seq, data.draw(st.integers(0, 2)))
+
+        @rule(data=st.data())
+        def free(self, data: st.DataObject) -> None:
+            if self.h.tokens and "free" in operations:
+                self.h.free(data.draw(st.sampled_from(sorted(self.h.tokens))))
+
+        @invariant()
+        def books_balance(self) -> None:
+            if hasattr(self, "h"):
+                self.h.verify()
+
+    return PrefixCacheMachine
+
+
+def _stateful(cls: type, operations: set[str], max_examples: int = 120) -> None:
+    run_stateful(_machine(cls, operations), max_examples, steps=30)
+
+
+@thorough
+def check_take_block_thoroughly(cls: type) -> None:
+    """Random takes and releases on pools with random cached blocks, against an LRU list: the
+    block taken is always the least recently used, and it is always uncached afterwards."""
+
+    @st.composite
+    def cases(draw):
+        size = draw(st.integers(1, 8))
+        cached = draw(st.sets(st.integers(0, size - 1)))
+        ops = draw(st.lists(st.tuples(st.booleans(), st.integers(0, 7)), max_size=30))
+        return size, sorted(cached), ops
+
+    def run(case) -> None:
+        size, cached, ops = case
+        bm = cls(size, 4)
+        bm.cache = {f"key-{b}": b for b in cached}
+        bm.keys = {b: f"key-{b}" for b in cached}
+        lru, held = list(range(size)), []
+        log = [f"bm = PrefixCachingBlockManager({size}, 4), blocks {cached} cached"]
+        for take, pick in ops:
+            if take or not held:
+                log.append("bm._take_block()")
+                if not lru:
+                    try:
+                        bm._take_block()
+                    except NoFreeBlocksError:
+                        continue
+                    except NotImplementedError:
+                        raise AssertionError(not_written("_take_block")) from None
+                    raise AssertionError(f"After {'; '.join(log)}: an empty pool must raise "
+                                         "NoFreeBlocksError.")
+                try:
+                    got = bm._take_block()
+                except NotImplementedError:
+                    raise AssertionError(not_written("_take_block")) from None
+                expected = lru.pop(0)
+                if got != expected or bm.is_cached(got) or f"key-{got}" in bm.cache:
+                    raise AssertionError(
+                        f"After {'; '.join(log)}: it returned block {got}, expected {expected} "
+                        f"(least recently used), with its key forgotten. Forget the key of an "
+                        "evicted block, and take from the LRU end.")
+                held.append(got)
+            else:
+                block = held.pop(pick % len(held))
+                log.append(f"bm._release_block({block})")
+                bm._release_block(block)
+                lru.append(block)
+
+    for_all(cases(), run, max_examples=150)
+
+
+@thorough
+def check_allocate_thoroughly(cls: type) -> None:
+    """Random prompts with shared prefixes and salts into random small pools."""
+    _stateful(cls, set())
+
+
+@thorough
+def check_append_slot_thoroughly(cls: type) -> None:
+    """Random interleavings of allocate and append_slot."""
+    _stateful(cls, {"append"})
+
+
+@thorough
+def check_free_thoroughly(cls: type) -> None:
+    """The visible scenarios, then random interleavings of every operation, with eviction,
+    revival and the sentinel."""
+    check_free(cls)
+    _stateful(cls, {"append", "free"}, max_examples=200)
