@@ -34,7 +34,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.split_kv import choose_num_splits, merge_splits_kernel, run_split_kv, split_kv_kernel
+from kernels.split_kv import (
+    choose_num_splits,
+    merge_splits_kernel,
+    run_on_grid,
+    run_split_kv,
+    split_kv_kernel,
+)
 
 __all__ = ["launch", "merge_splits_kernel", "paged_attention", "paged_attention_kernel",
            "split_kv_kernel", "validate_inputs"]
@@ -107,7 +113,8 @@ def launch(kernel, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     group = num_q_heads // num_kv_heads
     out = torch.empty_like(query)
     grid = (num_seqs, num_q_heads if per_query_head else num_kv_heads)
-    kernel[grid](
+    run_on_grid(
+        kernel, grid,
         out, query, k_cache, v_cache, block_tables, seq_lens, scale,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -1,6 +1,6 @@
-"""PyTorch references for chapter 6: KV writes through a slot mapping, and paged decode
-attention (gathered, and block by block with an online softmax). Chapter 7's Triton kernel is
-checked against these.
+"""Chapter 6 in PyTorch: KV writes through a slot mapping, and paged decode attention
+(gathered, and block by block with an online softmax). Chapter 7's Triton kernels compute the
+same.
 
 Layout::
 

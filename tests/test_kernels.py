@@ -10,11 +10,20 @@ import sys
 import alternatives.ch07 as alternative
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from autograder.checks.ch07 import KernelCase, on_gpu
+from autograder.hidden.ch07 import reference
 from kernels import paged_attention as course_kernels
 from kernels.bench import bytes_moved, lengths_for
-from kernels.split_kv import run_split_kv, splits_for
+from kernels.split_kv import run_on_grid, run_split_kv, splits_for
+
+
+@triton.jit
+def _not_written_kernel(out_ptr, SIZE: tl.constexpr):
+    # YOUR CODE HERE
+    raise NotImplementedError()
 
 
 @pytest.mark.parametrize("num_splits", [2, 3, 7, 40])
@@ -26,7 +35,15 @@ def test_split_kv_equals_one_pass(kernels, num_splits):
     module = course_kernels if kernels == "course" else alternative
     split = run_split_kv(module.split_kv_kernel, module.merge_splits_kernel, *args, num_splits)
     torch.testing.assert_close(split, one_pass, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(split.cpu(), case.reference(), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(split.cpu(), reference(case), atol=1e-5, rtol=1e-4)
+
+
+def test_a_kernel_not_written_yet_raises_not_implemented_error():
+    # the interpreter wraps the kernel's NotImplementedError and a GPU compiler refuses its
+    # raise; either way the launch says what an unwritten Python function says
+    with pytest.raises(NotImplementedError, match="_not_written_kernel is not written yet"):
+        run_on_grid(_not_written_kernel, (1,), torch.empty(4, device="cuda" if on_gpu() else
+                                                          "cpu"), SIZE=4)
 
 
 def test_split_counts_fill_the_gpu_without_tiny_splits():
@@ -41,7 +58,7 @@ def test_the_wrapper_returns_bf16_computed_in_fp32_on_the_interpreter():
     out = course_kernels.paged_attention(case.query, case.k_cache, case.v_cache, case.tables,
                                          case.seq_lens, case.scale)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.cpu().float(), case.reference().float(), atol=2e-2,
+    torch.testing.assert_close(out.cpu().float(), reference(case).float(), atol=2e-2,
                                rtol=5e-2)
 
 
@@ -95,7 +112,7 @@ def test_skewed_lengths_are_reproducible_and_reach_the_context():
 @pytest.mark.skipif(not on_gpu(), reason="needs a CUDA GPU (the interpreter runs the small "
                     "shapes in test_checks.py)")
 def test_production_shapes_on_the_gpu():
-    from autograder.checks.ch07_gpu import check_production_shapes
+    from autograder.hidden.ch07_gpu import check_production_shapes
 
     check_production_shapes(course_kernels.paged_attention)
     check_production_shapes(alternative.paged_attention)

@@ -1,11 +1,11 @@
-"""Checks for chapter 7, a Triton paged-attention kernel.
+"""Visible checks for chapter 7, a Triton paged-attention kernel: each TODO's readable case.
 
 Cases are chapter 6's: a NaN-filled pool with shuffled physical blocks. Here the block
 tables are also a view into a wider buffer (a row stride larger than the row), whose slack
 points at a decoy block of finite values, so a kernel that reads the table with the wrong
-stride gets wrong numbers rather than a crash. Expected outputs come from chapter 6's fp32
-reference (``kernels.paged_attention_ref``); hints compare a wrong output with what known
-mistakes would produce, in float64.
+stride gets wrong numbers rather than a crash. Expected outputs and partials, and what known
+mistakes would produce, come from the chapter's hidden module (``autograder.private``),
+asked by a case's description (its shapes and seed); the thorough checks are there too.
 
 On Triton's CPU interpreter the shapes stay small. On a GPU the thorough wrapper check also
 runs production shapes (contexts to 32k, batches to 256, head dims 64 to 256, bf16) and a
@@ -21,8 +21,8 @@ import torch
 
 from autograder.checks._helpers import learner_call, not_written
 from autograder.checks.ch06 import PagedCase
+from autograder.private import private, visible
 from kernels.paged_attention import launch
-from kernels.paged_attention_ref import paged_decode_attention
 from kernels.split_kv import run_merge_kernel, run_split_kernel
 
 SEED = 2027
@@ -51,6 +51,7 @@ class KernelCase(PagedCase):
     def __init__(self, lengths, block_size, q_heads, kv_heads, head_dim=16,
                  dtype=torch.float32, seed=SEED):
         super().__init__(lengths, block_size, q_heads, kv_heads, head_dim, dtype, seed)
+        dtype = self.dtype
         used = set(self.tables.flatten().tolist())
         decoy = max(set(range(self.k_cache.shape[0])) - used)
         gen = torch.Generator().manual_seed(seed + 1)
@@ -64,36 +65,38 @@ class KernelCase(PagedCase):
         for name in ("k_cache", "v_cache", "tables", "seq_lens", "query"):
             setattr(self, name, getattr(self, name).to(device))
 
+    def arguments(self) -> tuple:
+        """query, k_cache, v_cache, block_tables, seq_lens, scale: a decode call's arguments."""
+        return self.query, self.k_cache, self.v_cache, self.tables, self.seq_lens, self.scale
+
     def describe(self) -> str:
         return super().describe() + f", block table row stride {self.tables.stride(0)}"
 
-    def reference(self) -> torch.Tensor:
-        return paged_decode_attention(*(t.cpu() for t in (
-            self.query, self.k_cache, self.v_cache, self.tables, self.seq_lens)), self.scale)
 
-    def cpu_copy(self) -> PagedCase:
-        """The case on the CPU, for the float64 oracle of ``PagedCase.expected``."""
-        copy = PagedCase.__new__(PagedCase)
-        copy.__dict__.update({k: v.cpu() if isinstance(v, torch.Tensor) else v
-                              for k, v in self.__dict__.items()})
-        return copy
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
+    atol, rtol = _tolerance(dtype)
+    return torch.allclose(got.double().cpu(), want.double().cpu(), atol=atol, rtol=rtol)
 
 
-def _diagnose(out: torch.Tensor, case: KernelCase, bad: list[int]) -> str:
-    """What a wrong output matches, as a hint."""
+def _diagnose(out: torch.Tensor, case: KernelCase, bad: list[int],
+              known: Callable[[], dict]) -> str:
+    """What a wrong output matches, as a hint; ``known()`` gives what the known mistakes
+    compute (``no_scale``, ``kv_head_modulo``)."""
     if out.isnan().any():
         return ("It has NaN: garbage from slots past a sequence's end leaked in. Mask the "
                 "tail: load with mask=position < seq_len and other=0, and set masked scores "
                 "to -inf before the softmax. ")
-    cpu, got = case.cpu_copy(), out.cpu()
+    got = out.cpu()
+    mistakes = known()
 
-    def matches(**mistake) -> bool:
-        return all(_close(got[s], cpu.expected(s, **mistake), case.dtype) for s in bad)
+    def matches(mistake: str) -> bool:
+        wrong = mistakes[mistake]
+        return wrong is not None and all(_close(got[s], wrong[s], case.dtype) for s in bad)
 
-    if matches(scale=1.0):
+    if matches("no_scale"):
         return "It matches attention without the scale: multiply the scores by scale. "
     group = case.q_heads // case.kv_heads
-    if group > 1 and matches(kv_head=lambda h: h % case.kv_heads):
+    if group > 1 and matches("kv_head_modulo"):
         return ("It matches KV head h % num_kv_heads: the query heads of a group are "
                 "consecutive, so query head h uses KV head h // GROUP, and the program for KV "
                 "head g loads query heads g x GROUP to g x GROUP + GROUP - 1. ")
@@ -109,22 +112,18 @@ def _diagnose(out: torch.Tensor, case: KernelCase, bad: list[int]) -> str:
     return ""
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
-    atol, rtol = _tolerance(dtype)
-    return torch.allclose(got.double().cpu(), want.double().cpu(), atol=atol, rtol=rtol)
-
-
 _IDEA = ("Query head h attends with scale x (q . k) over the first seq_len tokens of its "
          "sequence through KV head h // GROUP; token t is at block_tables[seq, t // "
          "BLOCK_SIZE], offset t % BLOCK_SIZE.")
 
 
-def _compare(out, case: KernelCase, name: str, want: torch.Tensor | None = None) -> None:
+def _compare(out, case: KernelCase, name: str, want: torch.Tensor,
+             known: Callable[[], dict]) -> None:
+    """``out`` against ``want`` (chapter 6's attention on the case, in its dtype)."""
     if not isinstance(out, torch.Tensor) or out.shape != case.query.shape:
         raise AssertionError(f"{name}(...) on {case.describe()} returned "
                              f"{getattr(out, 'shape', type(out).__name__)}, expected shape "
                              f"{tuple(case.query.shape)}.")
-    want = case.reference() if want is None else want
     if out.dtype != case.query.dtype:
         raise AssertionError(f"{name}(...) on {case.describe()} returned {out.dtype}; the "
                              f"output has the query's dtype, {case.query.dtype}.")
@@ -134,167 +133,123 @@ def _compare(out, case: KernelCase, name: str, want: torch.Tensor | None = None)
     error = (out[bad[0]].double().cpu() - want[bad[0]].double()).abs().max().item()
     raise AssertionError(f"{name}(...) on {case.describe()}: sequence {bad[0]} (length "
                          f"{case.lengths[bad[0]]}) is off by up to {error:.3g}. "
-                         + _diagnose(out, case, bad) + _IDEA)
+                         + _diagnose(out, case, bad, known) + _IDEA)
 
 
-def _kernel(fn: Callable, name: str, case: KernelCase, per_query_head: bool) -> None:
-    out = learner_call(name, launch, fn, case.query, case.k_cache, case.v_cache, case.tables,
-                       case.seq_lens, case.scale, per_query_head=per_query_head)
-    _compare(out, case, name)
+def asked(case: KernelCase) -> tuple[torch.Tensor, Callable[[], dict]]:
+    """The expected output of ``case`` and what known mistakes give there, asked before the
+    code under test runs."""
+    answers = private("07")
+    want = answers.kernel_expected(**case.spec())
+    known = answers.kernel_mistakes(**case.spec())
+    return want, lambda: known
+
+
+def _kernel(fn: Callable, name: str, case: KernelCase, per_query_head: bool,
+            want: torch.Tensor, known: Callable[[], dict]) -> None:
+    out = learner_call(name, launch, fn, *case.arguments(), per_query_head=per_query_head)
+    _compare(out, case, name, want, known)
+
+
+def _visible_kernel(fn: Callable, name: str, case: KernelCase, per_query_head: bool) -> None:
+    _kernel(fn, name, case, per_query_head, *asked(case))
 
 
 # --- step 1: one block -----------------------------------------------------------------------
 
 
+@visible
 def check_one_block_kernel(fn: Callable) -> None:
     """Two sequences of exactly one block of 4, 4 query heads over 2 KV heads."""
-    _kernel(fn, "one_block_kernel", KernelCase([4, 4], 4, 4, 2), per_query_head=True)
-
-
-def check_one_block_kernel_thoroughly(fn: Callable) -> None:
-    """Blocks of 1, 16 and 32; heads 8/2, 5/1, 4/4; head dim 32; fp16."""
-    for lengths, q, kv, dim, dtype in [([1, 1, 1], 8, 2, 16, torch.float32),
-                                       ([16, 16], 5, 1, 32, torch.float32),
-                                       ([32], 4, 4, 16, torch.float16)]:
-        _kernel(fn, "one_block_kernel", KernelCase(lengths, lengths[0], q, kv, dim, dtype),
-                per_query_head=True)
+    _visible_kernel(fn, "one_block_kernel", KernelCase([4, 4], 4, 4, 2), per_query_head=True)
 
 
 # --- step 2: the loop over the block table ---------------------------------------------------
 
 
+@visible
 def check_block_loop_kernel(fn: Callable) -> None:
     """Sequences of 3 blocks and 1 block of 4 (lengths 12 and 4), 4 query heads over 2."""
-    _kernel(fn, "block_loop_kernel", KernelCase([12, 4], 4, 4, 2), per_query_head=True)
-
-
-def check_block_loop_kernel_thoroughly(fn: Callable) -> None:
-    """Up to 40 blocks, block sizes 1 to 16, heads 8/2 and 5/1, fp16."""
-    for lengths, block_size, q, kv, dtype in [([40, 8, 1], 1, 8, 2, torch.float32),
-                                              ([64, 16, 128], 16, 5, 1, torch.float32),
-                                              ([8, 96], 8, 4, 2, torch.float16)]:
-        _kernel(fn, "block_loop_kernel", KernelCase(lengths, block_size, q, kv, dtype=dtype),
-                per_query_head=True)
+    _visible_kernel(fn, "block_loop_kernel", KernelCase([12, 4], 4, 4, 2), per_query_head=True)
 
 
 # --- step 3: GQA packing ---------------------------------------------------------------------
 
 
+@visible
 def check_gqa_kernel(fn: Callable) -> None:
     """Lengths 12 and 4 in blocks of 4, 8 query heads over 2 KV heads (groups of 4)."""
-    _kernel(fn, "gqa_kernel", KernelCase([12, 4], 4, 8, 2), per_query_head=False)
-
-
-def check_gqa_kernel_thoroughly(fn: Callable) -> None:
-    """Groups of 1, 4, 5 and 16; up to 32 blocks; fp16."""
-    for lengths, block_size, q, kv, dtype in [([16, 48], 16, 4, 4, torch.float32),
-                                              ([32, 8], 8, 32, 8, torch.float32),
-                                              ([64, 16], 16, 5, 1, torch.float32),
-                                              ([32, 128], 4, 16, 1, torch.float16)]:
-        _kernel(fn, "gqa_kernel", KernelCase(lengths, block_size, q, kv, dtype=dtype),
-                per_query_head=False)
+    _visible_kernel(fn, "gqa_kernel", KernelCase([12, 4], 4, 8, 2), per_query_head=False)
 
 
 # --- step 4: the masked tail -----------------------------------------------------------------
 
 
+@visible
 def check_paged_attention_kernel(fn: Callable) -> None:
     """Lengths 9, 4 and 5 in blocks of 4: tails of one token, and one full block."""
-    _kernel(fn, "paged_attention_kernel", KernelCase([9, 4, 5], 4, 4, 2),
-            per_query_head=False)
-
-
-def check_paged_attention_kernel_thoroughly(fn: Callable) -> None:
-    """Lengths 1, 37 and 523; block sizes 1 to 32; heads 32/8, 8/2, 5/1, 4/4; fp16."""
-    for lengths, block_size, q, kv, dtype in [([1, 37, 523], 16, 32, 8, torch.float32),
-                                              ([37, 1], 1, 8, 2, torch.float32),
-                                              ([15, 523, 12], 8, 5, 1, torch.float32),
-                                              ([64, 33], 32, 4, 4, torch.float32),
-                                              ([1, 37, 200], 16, 8, 2, torch.float16)]:
-        _kernel(fn, "paged_attention_kernel", KernelCase(lengths, block_size, q, kv,
-                                                         dtype=dtype), per_query_head=False)
+    _visible_kernel(fn, "paged_attention_kernel", KernelCase([9, 4, 5], 4, 4, 2),
+                    per_query_head=False)
 
 
 # --- split-KV --------------------------------------------------------------------------------
 
-
-def _expected_partials(case: KernelCase, num_splits: int):
-    """float64 (m, l, acc) per (seq, query head, split), None where a split is empty."""
-    group = case.q_heads // case.kv_heads
-    per_split = -(-case.tables.shape[1] // num_splits) * case.block_size  # tokens
-    found = {}
-    for seq, length in enumerate(case.lengths):
-        keys = case.keys[seq].double().repeat_interleave(group, dim=1)  # [t, q_heads, dim]
-        values = case.values[seq].double().repeat_interleave(group, dim=1)
-        query = case.query[seq].double().cpu()
-        for split in range(num_splits):
-            start, stop = split * per_split, min((split + 1) * per_split, length)
-            for head in range(case.q_heads):
-                if start >= stop:
-                    found[seq, head, split] = None
-                    continue
-                scores = keys[start:stop, head] @ query[head] * case.scale
-                m = scores.max()
-                weights = torch.exp(scores - m)
-                found[seq, head, split] = (m, weights.sum(), weights @ values[start:stop, head])
-    return found
+_SPLIT_IDEA = ("A split's partial covers blocks [split x blocks_per_split, (split + 1) x "
+               "blocks_per_split) of the sequence, clipped to its length: m is the largest "
+               "scaled score, l the sum of exp(score - m), acc the sum of exp(score - m) x "
+               "value.")
 
 
-def _split(fn: Callable, case: KernelCase, num_splits: int) -> None:
-    from kernels.split_kv import merge_splits_kernel
-
+def _split(fn: Callable, case: KernelCase, num_splits: int, want: dict):
+    """The learner's partials against ``want`` (float64 ``m``, ``l``, ``acc`` per (seq,
+    query head, split), and ``empty``: the splits that cover no token); returns them."""
     name = "split_kv_kernel"
-    partials = learner_call(name, run_split_kernel, fn, case.query, case.k_cache, case.v_cache,
-                            case.tables, case.seq_lens, case.scale, num_splits)
+    partials = learner_call(name, run_split_kernel, fn, *case.arguments(), num_splits)
     got_m, got_l, got_acc = (t.double().cpu() for t in partials)
     atol, rtol = _tolerance(case.dtype)
     where = f"{name}(...) on {case.describe()}, {num_splits} splits"
-    for (seq, head, split), want in _expected_partials(case, num_splits).items():
-        at = f"{where}: sequence {seq}, query head {head}, split {split}"
-        if want is None:
-            if got_l[seq, head, split] != 0 or got_acc[seq, head, split].abs().max() != 0:
-                raise AssertionError(
-                    f"{at} covers no tokens of the sequence (length {case.lengths[seq]}), so "
-                    f"it must write l = 0 and acc = 0 (and m = -inf); got l = "
-                    f"{got_l[seq, head, split].item():.4g}. Clip the split's block range to "
-                    "cdiv(seq_len, BLOCK_SIZE) and still store the empty partial.")
-            continue
-        m, total, acc = want
-        checks = [("m", got_m[seq, head, split], m), ("l", got_l[seq, head, split], total),
-                  ("acc", got_acc[seq, head, split], acc)]
-        for label, got, expected in checks:
-            if not torch.allclose(got, expected, atol=atol, rtol=rtol):
-                hint = ""
-                if label == "acc" and torch.allclose(got * total, expected, atol=atol,
-                                                     rtol=rtol):
-                    hint = "It is acc / l: store acc undivided; the merge divides. "
-                raise AssertionError(
-                    f"{at}: {label} is wrong (off by up to "
-                    f"{(got - expected).abs().max().item():.3g}). {hint}A split's partial "
-                    "covers blocks [split x blocks_per_split, (split + 1) x "
-                    "blocks_per_split) of the sequence, clipped to its length: m is the "
-                    "largest scaled score, l the sum of exp(score - m), acc the sum of "
-                    "exp(score - m) x value.")
-    out = run_merge_kernel(merge_splits_kernel, *partials, case.query.dtype)
-    _compare(out, case, name + " with the reference merge")
+    for seq in range(len(case.lengths)):
+        for split in range(num_splits):
+            for head in range(case.q_heads):
+                at = f"{where}: sequence {seq}, query head {head}, split {split}"
+                index = seq, head, split
+                if want["empty"][index]:
+                    m = got_m[index].item()
+                    if got_l[index] != 0 or got_acc[index].abs().max() != 0 or m != m \
+                            or m == float("inf"):
+                        raise AssertionError(
+                            f"{at} covers no tokens of the sequence (length "
+                            f"{case.lengths[seq]}), so it must write l = 0 and acc = 0 (and "
+                            f"m = -inf); got l = {got_l[index].item():.4g}, m = {m:.4g}. Clip "
+                            "the split's block range to cdiv(seq_len, BLOCK_SIZE) and still "
+                            "store the empty partial.")
+                    continue
+                checks = [("m", got_m[index], want["m"][index]),
+                          ("l", got_l[index], want["l"][index]),
+                          ("acc", got_acc[index], want["acc"][index])]
+                for label, got, expected in checks:
+                    if not torch.allclose(got, expected, atol=atol, rtol=rtol):
+                        hint = ""
+                        if label == "acc" and torch.allclose(got * want["l"][index], expected,
+                                                             atol=atol, rtol=rtol):
+                            hint = "It is acc / l: store acc undivided; the merge divides. "
+                        raise AssertionError(
+                            f"{at}: {label} is wrong (off by up to "
+                            f"{(got - expected).abs().max().item():.3g}). {hint}" + _SPLIT_IDEA)
+    return partials
 
 
+@visible
 def check_split_kv_kernel(fn: Callable) -> None:
-    """Lengths 5 and 17 in blocks of 4 (tables of 5 blocks), 3 splits of 2 blocks: the
-    first sequence's last split is empty."""
-    _split(fn, KernelCase([5, 17], 4, 4, 2), 3)
+    """Lengths 5 and 17 in blocks of 4 (tables of 6 blocks), 3 splits of 2 blocks: the
+    first sequence's last two splits are empty."""
+    case = KernelCase([5, 17], 4, 4, 2)
+    _split(fn, case, 3, private("07").split_partials(**case.spec(), num_splits=3))
 
 
-def check_split_kv_kernel_thoroughly(fn: Callable) -> None:
-    """One split, a split per block, many empty splits, GQA 5/1, fp16."""
-    _split(fn, KernelCase([37, 1, 200], 16, 8, 2), 1)
-    _split(fn, KernelCase([37, 1, 200], 16, 8, 2), 14)
-    _split(fn, KernelCase([523, 12], 8, 5, 1), 5)
-    _split(fn, KernelCase([64, 100], 16, 4, 4, dtype=torch.float16), 4)
-
-
-def _merge(fn: Callable, seqs: int, heads: int, splits: int, head_dim: int, spread: float,
-           dtype: torch.dtype = torch.float32) -> None:
+def merge_inputs(seqs: int, heads: int, splits: int, head_dim: int, spread: float):
+    """Seeded float64 partials (m, l, acc) of ``splits`` splits, about 30 % of them empty
+    (m = -inf, l = 0, acc = 0; a sequence's first split never is)."""
     gen = torch.Generator().manual_seed(SEED + splits)
     m = torch.randn(seqs, heads, splits, generator=gen, dtype=torch.float64) * spread
     total = torch.rand(seqs, heads, splits, generator=gen, dtype=torch.float64) * 10 + 1
@@ -302,17 +257,23 @@ def _merge(fn: Callable, seqs: int, heads: int, splits: int, head_dim: int, spre
     empty = torch.rand(seqs, heads, splits, generator=gen) < 0.3
     empty[..., 0] = False  # a sequence's first split always has tokens
     m[empty], total[empty], acc[empty] = float("-inf"), 0.0, 0.0
-    weight = torch.exp(m - m.max(dim=-1, keepdim=True).values)
-    want = (weight[..., None] * acc).sum(dim=2) / (weight * total).sum(dim=2)[..., None]
+    return m, total, acc
+
+
+def _merge(fn: Callable, ask: Callable, seqs: int, heads: int, splits: int, head_dim: int,
+           spread: float, dtype: torch.dtype = torch.float32) -> None:
+    """The learner's merge of ``merge_inputs`` against ``ask``'s: the merged softmax, and
+    what adding the partials without rescaling gives."""
+    want, plain = ask(seqs=seqs, heads=heads, splits=splits, head_dim=head_dim, spread=spread)
     device = _device()
-    partials = [t.float().to(device) for t in (m, total, acc)]
+    partials = [t.float().to(device) for t in merge_inputs(seqs, heads, splits, head_dim,
+                                                           spread)]
     out = learner_call("merge_splits_kernel", run_merge_kernel, fn, *partials, dtype)
     atol, rtol = _tolerance(dtype)
     if isinstance(out, torch.Tensor) and not out.isnan().any() and torch.allclose(
             out.double().cpu(), want, atol=atol, rtol=max(rtol, 1e-5)):
         return
     hint = ""
-    plain = acc.sum(dim=2) / total.sum(dim=2)[..., None]
     if isinstance(out, torch.Tensor) and torch.allclose(out.double().cpu(), plain, rtol=1e-4):
         hint = "It adds the partials without rescaling them to a common max. "
     raise AssertionError(
@@ -322,16 +283,10 @@ def _merge(fn: Callable, seqs: int, heads: int, splits: int, head_dim: int, spre
         "sum e^(m - M) l; an empty split (m = -inf, l = 0) adds nothing.")
 
 
+@visible
 def check_merge_splits_kernel(fn: Callable) -> None:
     """Two sequences, 4 heads, 3 splits, head dim 16."""
-    _merge(fn, 2, 4, 3, 16, 1.0)
-
-
-def check_merge_splits_kernel_thoroughly(fn: Callable) -> None:
-    """One split, 17 splits (padded to 32), scores 50 apart, fp16 output."""
-    _merge(fn, 3, 2, 1, 16, 1.0)
-    _merge(fn, 2, 5, 17, 32, 50.0)
-    _merge(fn, 4, 8, 6, 64, 3.0, torch.float16)
+    _merge(fn, private("07").merge_case, 2, 4, 3, 16, 1.0)
 
 
 # --- the host wrapper ------------------------------------------------------------------------
@@ -378,40 +333,23 @@ def _raises(fn: Callable, case: KernelCase, what: str) -> None:
                          f"expected {error.__name__}. {_CHECKS}")
 
 
-def _wrapper(fn: Callable, case: KernelCase) -> None:
-    out = learner_call("paged_attention", fn, case.query, case.k_cache, case.v_cache,
-                       case.tables, case.seq_lens, case.scale)
+def _wrapper(fn: Callable, case: KernelCase, want: torch.Tensor,
+             known: Callable[[], dict]) -> None:
+    out = learner_call("paged_attention", fn, *case.arguments())
     name = "paged_attention"
     if case.dtype == torch.bfloat16 and not on_gpu() and isinstance(out, torch.Tensor) \
-            and not _close(out, case.reference(), case.dtype):
+            and not _close(out, want, case.dtype):
         raise AssertionError(f"{name}(...) on {case.describe()} is wrong: the interpreter "
                              "has no bf16 arithmetic, so upcast bf16 inputs to float32 there "
                              "and cast the output back.")
-    _compare(out, case, name)
+    _compare(out, case, name, want, known)
 
 
+@visible
 def check_paged_attention(fn: Callable) -> None:
     """Lengths 5, 9 and 4 in blocks of 4; and a float16 query over float32 caches must raise
     TypeError."""
     case = KernelCase([5, 9, 4], 4, 4, 2)
-    _wrapper(fn, case)
+    _wrapper(fn, case, *asked(case))
     _raises(fn, case, "a float16 query over float32 caches")
 
-
-def check_paged_attention_thoroughly(fn: Callable) -> None:
-    """Every kind of bad input; fp16 and bf16 results; on a GPU, production shapes (where
-    the wrapper may choose split-KV) and a pool past 2^31 elements."""
-    case = KernelCase([5, 9, 4], 4, 4, 2)
-    for what in ("a query without its batch dimension", "caches of different shapes",
-                 "6 query heads over 4 KV heads", "a block table with one row too few",
-                 "seq_lens with one entry too many", "head_dim 12 (not a power of two)",
-                 "a float block table", "seq_lens on another device (meta)",
-                 "a v_cache with other strides"):
-        _raises(fn, case, what)
-    block = 16 if on_gpu() else 4
-    _wrapper(fn, KernelCase([1, 37, 100], block, 8, 2, dtype=torch.float16))
-    _wrapper(fn, KernelCase([37, 5], block, 4, 1, dtype=torch.bfloat16))
-    if on_gpu():
-        from autograder.checks.ch07_gpu import check_production_shapes
-
-        check_production_shapes(fn)
