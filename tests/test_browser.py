@@ -285,6 +285,7 @@ def test_an_unfilled_exercise_fails_only_its_tests_and_its_widgets_fall_back(num
     assert errors and all(name.startswith("test_") for name in errors), errors
     notes = [t for c in cells for t in c["text"] if "the course's own version" in t]
     assert notes, "a widget over an unfinished TODO should say the course's version stands in"
-    expect(page.get_by_text("the course's own version").first).to_be_visible()
+    outputs = page.locator(".jp-OutputArea-output")  # not a markdown cell's hidden source
+    expect(outputs.get_by_text("the course's own version").first).to_be_visible()
     assert page.locator(".kv-block-animation").count() >= 1  # the course's version, animated
     assert not page.get_by_text("Error displaying widget").count()
