@@ -4,10 +4,21 @@ over time against contiguous reservation at the same capacity."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from course.paged_engine import GenRequest, PagedEngine, make_request
+from course import paged_engine
+from course.block_manager import BlockManager
+from course.notebook import NotReady, learner_or_course, needs
+from course.paged_engine import (
+    DecodeBatch,
+    GenRequest,
+    KVPool,
+    PagedEngine,
+    make_request,
+    paged_prefill,
+)
 from course.tiny_model import TinyModel, generate_contiguous
 
 
@@ -33,43 +44,78 @@ def equality_report(model: TinyModel, finished: list[GenRequest]) -> dict[str, f
             largest, "branches": sum(1 for r in finished if r.branch)}
 
 
-def learner_parts_or_reference(serve: Callable, build_batch: Callable,
-                               decode_step: Callable, model: TinyModel
-                               ) -> tuple[Callable, dict[str, Callable]]:
-    """The learner's ``serve`` and engine parts (``build_batch``, ``decode_step``), each
-    where it serves four small requests exactly as contiguous generation does, else the
-    course's, with a printed note (so the pictures below always draw). Returns the serve
-    function and the keyword arguments for ``PagedEngine``."""
-    from course import paged_engine
-
-    parts = {"build_batch": build_batch, "decode_step": decode_step}
-    if not _serves_exactly(paged_engine.serve, parts, model, "build_decode_batch and "
-                           "paged_decode_step"):
-        parts = {"build_batch": paged_engine.build_decode_batch,
-                 "decode_step": paged_engine.paged_decode_step}
-    if not _serves_exactly(serve, parts, model, "serve"):
-        serve = paged_engine.serve
-    return serve, parts
-
-
-def _serves_exactly(serve: Callable, parts: dict[str, Callable], model: TinyModel,
-                    names: str) -> bool:
-    probe = [make_request(i, [i + 1, 2 * i + 3, 7], 3, arrival=i) for i in range(4)]
-    fallback = f"so the course's own version of {names} runs this."
+def engine_parts(serve: Callable, build_batch: Callable, decode_step: Callable,
+                 model: TinyModel) -> tuple[Callable, dict[str, Callable]]:
+    """What the pictures below run: ``serve``, and the keyword arguments ``build_batch`` and
+    ``decode_step`` for ``PagedEngine``. Each is the learner's where it runs and agrees with
+    the course's own version on a small case (``course.notebook.learner_or_course``, which
+    prints one line saying which), else the course's own version; where that is not in this
+    edition, a stand-in that ``course.notebook.needs`` turns into one line saying what to
+    finish. ``serve`` is tried on an engine with the chosen parts."""
+    parts = {
+        "build_batch": _chosen(build_batch, paged_engine.build_decode_batch, _batch_probe),
+        "decode_step": _chosen(decode_step, paged_engine.paged_decode_step,
+                               lambda fn: _decode_probe(fn, model)),
+    }
     try:
-        report = equality_report(model, serve(PagedEngine(model, 8, 4, **parts), probe))
-    except NotImplementedError:
-        print(f"Note: {names} is not written yet, {fallback}")
-        return False
-    except Exception as exc:
-        print(f"Note: {names} raised {type(exc).__name__} ({exc}), {fallback}")
-        return False
-    if report["identical"] == report["finished"] == len(probe):
-        print(f"Using your {names}.")
-        return True
-    print(f"Note: with your {names} the engine disagrees with contiguous generation (see "
-          f"the test cells), {fallback}")
-    return False
+        needs(*parts.values())
+    except NotReady:
+        return serve, parts  # nothing to serve with yet: the cell stops at needs(...)
+    return _chosen(serve, paged_engine.serve, lambda fn: _serve_probe(fn, parts, model)), parts
+
+
+def _chosen(learner: Callable, course: Callable, probe: Callable[[Callable], Any]
+            ) -> Callable:
+    """``learner_or_course`` on what ``probe(fn)`` gives (a value to compare: each call
+    builds its own engine, pool or requests); the learner's function, the course's, or the
+    stand-in."""
+
+    def probing(fn: Callable) -> Callable:
+        def probed() -> Any:
+            return probe(fn)
+
+        probed.__name__ = getattr(learner, "__name__", "your function")
+        return probed
+
+    mine, ours = probing(learner), probing(course)
+    chosen = learner_or_course(mine, ours)
+    return learner if chosen is mine else course if chosen is ours else chosen
+
+
+def _batch_probe(build_batch: Callable) -> tuple:
+    """A decode batch of two sequences, one just past a block boundary; table rows compared
+    up to each table's length (padding is free)."""
+    manager = BlockManager(8, 4)
+    manager.allocate(0, 5)
+    manager.allocate(1, 4)
+    manager.append_slot(0)
+    manager.append_slot(1)
+    batch = build_batch(manager, [0, 1])
+    rows = [row[:len(manager.block_table(s))] for s, row in
+            zip([0, 1], batch.block_tables.tolist(), strict=True)]
+    return (batch.positions.tolist(), batch.slot_mapping.tolist(), rows,
+            batch.seq_lens.tolist())
+
+
+def _decode_probe(decode_step: Callable, model: TinyModel) -> torch.Tensor:
+    """The logits of one decode step of a 3-token prompt prefilled into block 1 of a pool
+    of blocks of 4: position 3, slot 7."""
+    device = model.embedding.device
+    pool = KVPool.empty(model, 2, 4)
+    prompt = [3, 14, 15]
+    logits = paged_prefill(model, prompt, torch.tensor([4, 5, 6]), pool)
+    batch = DecodeBatch(torch.tensor([3]), torch.tensor([7]),
+                        torch.tensor([[1]], dtype=torch.int32),
+                        torch.tensor([4], dtype=torch.int32)).to(device)
+    return decode_step(model, logits.argmax().view(1), batch, pool).cpu()
+
+
+def _serve_probe(serve: Callable, parts: dict[str, Callable], model: TinyModel) -> list:
+    """Every token four small requests, arriving two by two, get on a pool of 5 blocks of 4
+    (too few for all of them: preemption by recompute happens)."""
+    probe = [make_request(i, [i + 1, 2 * i + 3, 7], 5, arrival=i // 2) for i in range(4)]
+    finished = serve(PagedEngine(model, 5, 4, **parts), probe, 200)
+    return sorted((r.id, r.branch, r.output) for r in finished)
 
 
 def reservation_trace(requests: list[GenRequest], capacity_tokens: int, max_len: int

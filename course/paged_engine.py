@@ -179,7 +179,7 @@ def paged_prefill(model: TinyModel, tokens: list[int], slots: torch.Tensor,
 
 def default_attention(device: torch.device, block_size: int) -> Callable:
     """Chapter 7's Triton kernel on a CUDA GPU (blocks of 16 or more), else chapter 6's
-    PyTorch reference."""
+    ``paged_decode_attention`` in PyTorch."""
     if device.type == "cuda" and block_size >= 16 and os.environ.get("TRITON_INTERPRET") != "1":
         from kernels.paged_attention import paged_attention
 
@@ -205,17 +205,17 @@ class PagedEngine:
 
     ``attention`` is the paged decode attention; by default chapter 7's Triton kernel
     (``kernels.paged_attention.paged_attention``) when the model is on a CUDA GPU and blocks
-    hold at least 16 tokens (what ``tl.dot`` needs there), else chapter 6's PyTorch
-    reference. Pass the kernel explicitly to run it on the interpreter (correct and slow).
-    ``build_batch`` and ``decode_step`` are the chapter's first two TODOs (the course's
-    versions by default).
+    hold at least 16 tokens (what ``tl.dot`` needs there), else chapter 6's
+    ``paged_decode_attention``. Pass the kernel explicitly to run it on the interpreter
+    (correct and slow). ``build_batch`` and ``decode_step`` are what ``decode`` runs: the
+    chapter's first two TODOs, ``build_decode_batch`` and ``paged_decode_step`` (pass your
+    own; without them, the course's own versions).
     """
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
                  preemption: str = "recompute", cpu_blocks: int = 0, max_num_seqs: int = 64,
-                 attention: Callable | None = None,
-                 build_batch: Callable = build_decode_batch,
-                 decode_step: Callable = paged_decode_step) -> None:
+                 attention: Callable | None = None, build_batch: Callable | None = None,
+                 decode_step: Callable | None = None) -> None:
         self.model = model
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=1 << 20, watermark=0.0,
@@ -225,7 +225,11 @@ class PagedEngine:
         self.cpu_pool = KVPool.empty(model, max(cpu_blocks, 1), block_size)
         if attention is None:
             attention = default_attention(model.embedding.device, block_size)
-        self.attention, self.build_batch, self.decode_step = attention, build_batch, decode_step
+        self.attention = attention
+        # the module's functions as they are now (a default argument would keep them as
+        # first defined)
+        self.build_batch = build_batch or build_decode_batch
+        self.decode_step = decode_step or paged_decode_step
         self.records: list[StepRecord] = []
         self.frames: list[Frame] = []
         self.rejected: list[GenRequest] = []

@@ -271,8 +271,9 @@ def test_notebook_7_draws_the_charts_too(page, lab):
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercises not yet filled in: errors in the test cells only, pictures from the reference (the
-# two animations here; tests/test_notebooks.py runs every exercise outside the browser)
+# Exercises not yet filled in: errors in the test cells only, pictures from the course's own
+# version (the two animations here; tests/test_notebooks.py runs every exercise outside the
+# browser)
 
 
 @pytest.mark.parametrize("number", ["03", "08"], ids=lambda n: BY_NUMBER[n].name)
@@ -282,8 +283,9 @@ def test_an_unfilled_exercise_fails_only_its_tests_and_its_widgets_fall_back(num
     cells = run_all(page, lab, _path("exercises", number))
     errors = _errors(cells)
     assert errors and all(name.startswith("test_") for name in errors), errors
-    notes = [t for c in cells for t in c["text"] if "the course's reference version" in t]
-    assert notes, "a widget over an unfinished TODO should say it shows the reference"
-    expect(page.get_by_text("the course's reference version").first).to_be_visible()
-    assert page.locator(".kv-block-animation").count() >= 1  # the reference, animated
+    notes = [t for c in cells for t in c["text"] if "the course's own version" in t]
+    assert notes, "a widget over an unfinished TODO should say the course's version stands in"
+    outputs = page.locator(".jp-OutputArea-output")  # not a markdown cell's hidden source
+    expect(outputs.get_by_text("the course's own version").first).to_be_visible()
+    assert page.locator(".kv-block-animation").count() >= 1  # the course's version, animated
     assert not page.get_by_text("Error displaying widget").count()
