@@ -10,6 +10,7 @@ finish (``NotReady``; such cells carry the ``raises-exception`` tag, so Run All 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -61,25 +62,40 @@ def learner_or_course(
     a stand-in that ``needs`` turns into one line saying what to finish. Prints one line
     saying which, and why."""
     name = getattr(learner, "__name__", "your function")
-    mine = _attempt(learner, probe)
-    ours = _attempt(course, probe)
+    return _choose(learner, course, _attempt(learner, probe), _attempt(course, probe),
+                   name, f"{name} (its TODO above)", "is not written yet", "its test cell")
+
+
+def learner_or_course_class(learner: type, course: type, probe: Callable[[type], Any]) -> Any:
+    """``learner_or_course`` for a class built up over several TODOs. ``probe(cls)`` plays a
+    short scenario on a fresh instance of ``cls`` and returns what it observed, in terms any
+    correct class reports alike (never which free block it happened to pick)."""
+    name = learner.__name__
+    return _choose(learner, course, _attempt(functools.partial(probe, learner), {}),
+                   _attempt(functools.partial(probe, course), {}), name,
+                   f"your {name} (its TODOs above)",
+                   "is not finished yet (a method raises NotImplementedError)", "its test cells")
+
+
+def _choose(learner: Any, course: Any, mine: Any, ours: Any, name: str, todo: str,
+            unfinished: str, tests: str) -> Any:
+    """The learner's version, the course's or a stand-in, from what each did on the probe."""
     if mine is _NOT_READY:
         if ours is _NOT_READY:
-            return _StandIn(f"Finish {name} (its TODO above) to see this.")
-        print(f"Note: {name} is not written yet, so the course's own version draws this.")
+            return _StandIn(f"Finish {todo} to see this.")
+        print(f"Note: {name} {unfinished}, so the course's own version draws this.")
         return course
     if isinstance(mine, _Raised):
         if ours is _NOT_READY:
-            return _StandIn(f"Your {name} raised {mine} here: fix it (its test cell says how) "
-                            "to see this.")
+            return _StandIn(f"Your {name} raised {mine} here: fix it (see {tests}) to see this.")
         print(f"Note: your {name} raised {mine}, so the course's own version draws this.")
         return course
     if ours is _NOT_READY or isinstance(ours, _Raised):
-        print(f"Using your {name} (its test cell says whether it is right).")
+        print(f"Using your {name} (whether it is right: see {tests}).")
         return learner
     if not _same(mine, ours):
-        print(f"Note: your {name} disagrees with its test cell's expectations here, so the "
-              "course's own version draws this.")
+        print(f"Note: your {name} disagrees with the course's own version here (see {tests}), "
+              "so the course's own version draws this.")
         return course
     print(f"Using your {name}.")
     return learner
@@ -106,44 +122,18 @@ def _attempt(fn: Callable[..., Any], probe: dict[str, Any]) -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal values; tensors equal within float tolerance."""
+    """Equal values: tensors within float tolerance, field by field inside dataclasses,
+    lists, tuples and dicts."""
     if hasattr(a, "shape") and hasattr(b, "shape"):
         import torch
 
         return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), atol=1e-4,
                                                           rtol=1e-3, equal_nan=True))
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name))
+                                           for f in dataclasses.fields(a))
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return bool(a == b)
-
-
-
-def learner_or_course_class(learner: type, course: type, probe: Callable[[type], Any]) -> Any:
-    """``learner_or_course`` for a class built up over several TODOs. ``probe(cls)`` plays a
-    short scenario on a fresh instance of ``cls`` and returns what it observed, in terms any
-    correct class reports alike (never which free block it happened to pick). Returns the
-    learner's class when the probe runs on it (and agrees with the course's version, where
-    this edition has one); else the course's class; else a stand-in that ``needs`` turns into
-    one line saying what to finish. Prints one line saying which, and why."""
-    name = learner.__name__
-    mine = _attempt(functools.partial(probe, learner), {})
-    ours = _attempt(functools.partial(probe, course), {})
-    if mine is _NOT_READY:
-        if ours is _NOT_READY:
-            return _StandIn(f"Finish your {name} (its TODOs above) to see this.")
-        print(f"Note: your {name} is not finished yet (a method raises NotImplementedError), "
-              "so the course's own version runs this.")
-        return course
-    if isinstance(mine, _Raised):
-        if ours is _NOT_READY:
-            return _StandIn(f"Your {name} raised {mine} here: fix it (its test cells say how) "
-                            "to see this.")
-        print(f"Note: your {name} raised {mine}, so the course's own version runs this.")
-        return course
-    if ours is _NOT_READY or isinstance(ours, _Raised):
-        print(f"Using your {name} (its test cells say whether it is right).")
-        return learner
-    if not _same(mine, ours):
-        print(f"Note: your {name} disagrees with its test cells' expectations here, so the "
-              "course's own version runs this.")
-        return course
-    print(f"Using your {name}.")
-    return learner

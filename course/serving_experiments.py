@@ -8,9 +8,9 @@ pool of 14,128 token slots, on ShareGPT-like requests arriving as a Poisson proc
 holds one block of 2,048 slots from admission on, exactly a contiguous max-length reservation.
 
 Each experiment takes the scheduler class it runs (``scheduler``; the course's own by
-default), so that the notebook can run the learner's: ``Policy`` lets
-``course.notebook.learner_or_course`` compare two classes on a small scenario (``PROBE``)
-that admits, rejects, preempts by recompute and by swap, and swaps back in.
+default), so that the notebook can run the learner's: ``probe`` plays a small scenario
+(``PROBE``: it admits, rejects, preempts by recompute and by swap, and swaps back in) for
+``course.notebook.learner_or_course_class`` to compare two classes on.
 """
 
 from __future__ import annotations
@@ -101,16 +101,9 @@ def plans(scheduler: type[Scheduler], specs: tuple[tuple[int, int], ...], num_bl
     return found
 
 
-class Policy:
-    """A scheduler class as ``course.notebook.learner_or_course`` sees it: called with a
-    scenario (``PROBE``), it returns what the class plans there (``plans``)."""
-
-    def __init__(self, scheduler: type[Scheduler]) -> None:
-        self.scheduler = scheduler
-        self.__name__ = scheduler.__name__
-
-    def __call__(self, **scenario) -> dict[str, list[tuple]]:
-        return plans(self.scheduler, **scenario)
+def probe(scheduler: type[Scheduler]) -> dict[str, list[tuple]]:
+    """What ``scheduler`` plans on ``PROBE``."""
+    return plans(scheduler, **PROBE)
 
 
 def row(name: str, report: Report) -> str:

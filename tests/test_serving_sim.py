@@ -8,7 +8,7 @@ from alternatives.ch05 import Scheduler as Alternative
 from mutants.ch05 import MUTANTS
 
 from course import serving_experiments as experiments
-from course.notebook import NotReady, learner_or_course, needs
+from course.notebook import NotReady, learner_or_course_class, needs
 from course.scheduler import Request, Scheduler, StaticBatchScheduler, SwapSpaceFullError
 from course.serving_sim import opt13b_a100_40gb, poisson_arrivals, simulate
 from course.workloads import SHAREGPT
@@ -100,19 +100,18 @@ def test_the_probe_takes_every_path_of_a_step():
 
 
 def _policy(cls, course=Scheduler):
-    return learner_or_course(experiments.Policy(cls), experiments.Policy(course),
-                             **experiments.PROBE)
+    return learner_or_course_class(cls, course, experiments.probe)
 
 
 def test_the_notebook_runs_a_learners_scheduler_that_agrees_on_the_probe(capsys):
-    assert _policy(Alternative).scheduler is Alternative
+    assert _policy(Alternative) is Alternative
     assert "Using your Scheduler." in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("mutant", [m for wrong in MUTANTS.values() for m, _ in wrong],
                          ids=lambda m: m.__name__)
 def test_a_wrong_scheduler_gives_way_to_the_courses_own(mutant, capsys):
-    assert _policy(mutant).scheduler is Scheduler
+    assert _policy(mutant) is Scheduler
     assert "the course's own version draws this" in capsys.readouterr().out
 
 
@@ -125,8 +124,8 @@ def test_an_unfinished_scheduler_stops_the_cell_where_the_course_has_no_answer(c
         def admit(self, plan):
             raise NotImplementedError
 
-    assert _policy(Unfinished).scheduler is Scheduler
-    assert "not written yet" in capsys.readouterr().out
-    with pytest.raises(NotReady, match="Finish Unfinished"):
+    assert _policy(Unfinished) is Scheduler
+    assert "is not finished yet" in capsys.readouterr().out
+    with pytest.raises(NotReady, match="Finish your Unfinished"):
         needs(_policy(Unfinished, course=Stubbed))
-    assert _policy(Alternative, course=Stubbed).scheduler is Alternative
+    assert _policy(Alternative, course=Stubbed) is Alternative
