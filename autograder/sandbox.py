@@ -92,7 +92,8 @@ def private_home(home: Path) -> dict[str, str]:
                "IPYTHONDIR": ".ipython", "JUPYTER_CONFIG_DIR": ".jupyter",
                "JUPYTER_DATA_DIR": ".local/share/jupyter",
                "JUPYTER_RUNTIME_DIR": ".local/share/jupyter/runtime"}
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # XDG_RUNTIME_DIR must exist, private to its user; the others are made when first used
+    (home / folders["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
     return {"HOME": str(home), "TMPDIR": "/tmp"} | {
         name: str(home / folder) for name, folder in folders.items()}
 

@@ -90,6 +90,9 @@ from pathlib import Path
 
 hidden, readme, port, grader, prefix, unique = sys.argv[1:7]
 seen = {"pid": os.getpid(), "home": os.environ["HOME"], "home_path": str(Path.home())}
+seen["caches"] = {name: os.environ[name] for name in ("TRITON_CACHE_DIR", "XDG_CACHE_HOME",
+                  "MPLCONFIGDIR", "IPYTHONDIR", "JUPYTER_RUNTIME_DIR", "JUPYTER_DATA_DIR",
+                  "JUPYTER_CONFIG_DIR", "HYPOTHESIS_STORAGE_DIRECTORY")}
 seen["hidden_marker"] = os.path.exists(hidden)
 seen["grader_cwd_readme"] = os.path.exists(readme)
 seen["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
@@ -150,6 +153,7 @@ def test_a_sandboxed_command_sees_and_writes_only_its_own_folder(tmp_path, loopb
     assert seen["written"] == {"hidden_dir": False, "python_env": False, "root": False,
                                "tmp": True, "own_folder": True, "home": True}
     assert seen["home"] == seen["home_path"] == str(own / ".home")
+    assert all(Path(path).is_relative_to(own) for path in seen["caches"].values()), seen
     assert (own / "written.txt").exists() and (own / ".home" / "written.txt").exists()
     assert not (elsewhere / "written.txt").exists()
     assert not Path(sys.prefix, "written.txt").exists()
