@@ -1,8 +1,9 @@
 """``python -m autograder``: grade notebooks through nbgrader, grade a class, release exercises.
 
-    python -m autograder grade NOTEBOOK... [--json FILE] [--jobs N]
+    python -m autograder grade NOTEBOOK... [--json FILE] [--jobs N] [--sandbox auto|on|off]
     python -m autograder grade-all DIR|ZIP [--course-dir DIR] [--db URL] [--csv FILE]
                                    [--json FILE] [--jobs N] [--feedback DIR] [--state FILE]
+                                   [--sandbox auto|on|off]
     python -m autograder course-dir DIR [--chapters 1-3] [--course-id ID] [--exchange DIR]
     python -m autograder release
     python -m autograder repository URL
@@ -14,6 +15,10 @@ either layout or with flat files named ``<learner>_<NN_slug>.ipynb`` (see
 learner's feedback page, a CSV row for every grade and every file not graded (and JSON), and
 resumes: a submission whose content is unchanged since it was last graded (by SHA-256, kept
 per learner and chapter in the state file) is not graded again.
+
+Both grading commands run every notebook in a bubblewrap sandbox (``autograder.bubblewrap``)
+unless told ``--sandbox off``; where bwrap is missing or cannot make the sandbox, they stop
+before grading and say so.
 """
 
 from __future__ import annotations
@@ -103,12 +108,42 @@ def _limits(command: argparse.ArgumentParser, default_jobs: int) -> None:
                          "CPU-only machines (default: 4; 0: none)")
     command.add_argument("--jobs", type=int, default=default_jobs, metavar="N",
                          help=f"notebooks graded at once (default: {default_jobs})")
+    command.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
+                         help="run each notebook in a bubblewrap sandbox: its own folder, no "
+                         "network, its own processes (default: auto, the sandbox on Linux, "
+                         "where grading stops if bwrap cannot make it; none elsewhere); off: "
+                         "unsandboxed, as the grading user")
 
 
 def _limits_of(args: argparse.Namespace) -> Limits:
     cores = os.cpu_count() or 1
     threads = max(1, cores // args.jobs) if args.jobs > 1 else None  # the cores, shared
-    return Limits(args.cell_timeout, args.notebook_timeout, args.memory_limit or None, threads)
+    return Limits(args.cell_timeout, args.notebook_timeout, args.memory_limit or None, threads,
+                  _sandboxed(args.sandbox))
+
+
+def _sandboxed(choice: str) -> bool:
+    # bubblewrap is Linux only: elsewhere, `auto` grades as before, under no sandbox
+    return choice == "on" or (choice == "auto" and sys.platform.startswith("linux"))
+
+
+def _sandbox_missing(args: argparse.Namespace) -> bool:
+    """True, after one error line saying what to do, where the sandbox is asked for (or
+    left to auto on Linux) and cannot be made here."""
+    from autograder.sandbox import probe
+
+    if not _sandboxed(args.sandbox):
+        if args.sandbox == "auto":
+            print(f"note: {sys.platform} has no bubblewrap: notebooks are graded unsandboxed",
+                  file=sys.stderr)
+        return False
+    reason = probe()
+    if reason is None:
+        return False
+    print(f"error: notebooks are graded in a bubblewrap sandbox, but {reason}; grade "
+          "unsandboxed (learner code then runs as you, seeing what you see) only with "
+          "--sandbox off", file=sys.stderr)
+    return True
 
 
 def _absolute_db(url: str) -> str:
@@ -261,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
 
+    if _sandbox_missing(args):
+        return 2
     if args.command == "grade":
         return _grade_notebooks(args)
 

@@ -8,8 +8,10 @@
     <temp>/kv-course-book-XXXX/gradebook.db    that course's gradebook, kept out of its tree
 
 The chapter's source notebook is the class's own when a class's nbgrader course directory is
-graded, the package's ``solutions/`` otherwise. nbgrader runs under ``sandbox.run``. The
-grader, in this process, then reads the scores and copies them into the class's gradebook
+graded, the package's ``solutions/`` otherwise. nbgrader runs under ``sandbox.run``; in the
+sandbox, a submission's two folders are all it can write, and all of the host's folders it
+sees besides the system, the Python environment and the course's packages. The grader, in
+this process, then reads the scores and copies them into the class's gradebook
 (``gradebook.ClassGradebook``); nothing here touches it.
 
 Checks: ``autograder.guard`` (armed by the locked first cell, verified by every test cell)
@@ -19,6 +21,7 @@ that reach for the grader, and such a notebook scores zero.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -114,7 +117,7 @@ class Grader:
                 try:
                     log = nbgrader(work, ["autograde", chapter.name, "--student", learner,
                                           "--force"], self.limits.notebook_timeout,
-                                   self.limits)
+                                   self.limits, writable=(work, books))
                 except subprocess.TimeoutExpired:
                     return self._zero(chapter, learner, origin,
                                       f"not graded: the notebook ran past its "
@@ -122,7 +125,7 @@ class Grader:
                                       "endless loop or a very slow cell)")
                 if "Kernel died" not in log:
                     break
-                crashed = self._crashing_cell(path)
+                crashed = self._crashing_cell(path, (work, books))
                 if crashed is None:
                     return self._zero(chapter, learner, origin,
                                       "not graded: the Python kernel crashed (a segfault or "
@@ -149,14 +152,15 @@ class Grader:
               ) -> NotebookResult:
         return _result(chapter, learner, origin, self.runtime, {}, {}, reason)
 
-    def _crashing_cell(self, notebook: Path) -> int | None:
+    def _crashing_cell(self, notebook: Path, writable: tuple[Path, ...]) -> int | None:
         """The index of the learner's cell that kills the kernel, found by running the
-        notebook under the same limits; None when it is a test or given cell, or unknown."""
+        notebook under the same limits and sandbox; None when it is a test or given cell, or
+        unknown."""
         command = [sys.executable, "-m", "autograder.crash_probe", str(notebook),
                    str(self.limits.cell_timeout)]
         try:
             found = int(run(command, notebook.parent, self.limits.notebook_timeout,
-                            self.limits).strip().splitlines()[-1])
+                            self.limits, writable).strip().splitlines()[-1])
         except (subprocess.TimeoutExpired, ValueError, IndexError):
             return None
         if found < 0:
@@ -181,11 +185,15 @@ def generate(root: Path, chapter: Chapter, db_url: str, limits: Limits,
     source = root / "source" / chapter.name / f"{chapter.name}.ipynb"
     source.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(chapter.source, source)
-    nbgrader(root, ["generate_assignment", chapter.name, "--force"], 300, limits)
+    # Outside the sandbox: generate_assignment runs no notebook (no learner code, only the
+    # instructor's source), and registering a chapter writes the class's own gradebook.
+    nbgrader(root, ["generate_assignment", chapter.name, "--force"], 300,
+             dataclasses.replace(limits, sandbox=False))
 
 
-def nbgrader(root: Path, args: list[str], timeout: int, limits: Limits) -> str:
-    return run([sys.executable, "-m", "nbgrader", *args], root, timeout, limits)
+def nbgrader(root: Path, args: list[str], timeout: int, limits: Limits,
+             writable: tuple[Path, ...] = ()) -> str:
+    return run([sys.executable, "-m", "nbgrader", *args], root, timeout, limits, writable)
 
 
 def _neutralise(notebook: Path, index: int) -> None:

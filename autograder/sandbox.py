@@ -3,7 +3,11 @@
 Every command that executes learner code (nbgrader's autograde, the crash probe) runs here:
 in its own process group, under ``autograder.reaper`` (so nothing it starts survives it, in
 any session or group), with an address-space limit on CPU-only machines, its share of the
-cores, hypothesis' files in the submission's own folder, and a time limit.
+cores, hypothesis' files in the submission's own folder, and a time limit. With
+``Limits.sandbox`` it also runs in a bubblewrap sandbox (``autograder.bubblewrap``) that sees
+only the system, the Python environment, the course's packages and the submission's own
+folders, with HOME and every cache inside them, no network and its own PID namespace; the
+reaper still runs inside it (it gives the time limit and its exit status).
 """
 
 from __future__ import annotations
@@ -14,8 +18,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from autograder import bubblewrap
+from autograder.bubblewrap import probe
+
+__all__ = ["Limits", "probe", "run"]
 
 
 @dataclass(frozen=True)
@@ -29,15 +39,19 @@ class Limits:
     # per core. Notebooks graded side by side must share the cores: torch's OpenMP threads
     # spin while they wait, and oversubscribed they slow small operations many times over.
     threads: int | None = None
+    # run learner code in the bubblewrap sandbox (the CLI decides: --sandbox, probed once)
+    sandbox: bool = False
 
 
 _GRACE = 30  # seconds the reaper gets to clean up after its own deadline
 
 
-def run(command: list[str], cwd: Path, timeout: int, limits: Limits) -> str:
+def run(command: list[str], cwd: Path, timeout: int, limits: Limits,
+        writable: Sequence[Path] = ()) -> str:
     """Run ``command`` in ``cwd`` under ``limits`` for at most ``timeout`` seconds; return its
     output (stdout and stderr). Raises ``TimeoutExpired`` when time ran out; either way,
-    every process it started is gone when this returns."""
+    every process it started is gone when this returns. In the sandbox, only ``writable``
+    (default: ``cwd``) can be written, and the first of them holds HOME."""
     env = dict(os.environ)
     # nbgrader calls `alembic` and starts kernels by name: this environment's bin comes first.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -46,6 +60,10 @@ def run(command: list[str], cwd: Path, timeout: int, limits: Limits) -> str:
     # hypothesis keeps a folder of its own: in the submission's folder, deleted with it
     env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(cwd / ".hypothesis-storage")
     reaped = [sys.executable, "-m", "autograder.reaper", str(timeout), "--", *command]
+    if limits.sandbox:
+        private = list(writable) or [cwd]
+        env.update(private_home(private[0] / ".home"))
+        reaped = bubblewrap.wrap(reaped, private, cwd)
     # output goes to a file, not a pipe: a process that escaped could hold a pipe open
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as output:
         process = subprocess.Popen(reaped, cwd=cwd, env=env, stdout=output,
@@ -62,6 +80,22 @@ def run(command: list[str], cwd: Path, timeout: int, limits: Limits) -> str:
     if process.returncode == 124:  # the reaper's deadline
         raise subprocess.TimeoutExpired(command, timeout, output=log)
     return log
+
+
+def private_home(home: Path) -> dict[str, str]:
+    """HOME, the temporary folder and every cache and settings folder the kernel, Jupyter,
+    IPython, Triton and matplotlib use, in ``home`` (created): the host's do not exist in
+    the sandbox, and a cache shared between submissions would carry one into the next."""
+    folders = {"XDG_CACHE_HOME": ".cache", "XDG_CONFIG_HOME": ".config",
+               "XDG_DATA_HOME": ".local/share", "XDG_RUNTIME_DIR": ".runtime",
+               "TRITON_CACHE_DIR": ".triton/cache", "MPLCONFIGDIR": ".config/matplotlib",
+               "IPYTHONDIR": ".ipython", "JUPYTER_CONFIG_DIR": ".jupyter",
+               "JUPYTER_DATA_DIR": ".local/share/jupyter",
+               "JUPYTER_RUNTIME_DIR": ".local/share/jupyter/runtime"}
+    # XDG_RUNTIME_DIR must exist, private to its user; the others are made when first used
+    (home / folders["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+    return {"HOME": str(home), "TMPDIR": "/tmp"} | {
+        name: str(home / folder) for name, folder in folders.items()}
 
 
 def _read(output) -> str:

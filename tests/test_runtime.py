@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +62,22 @@ def test_doctor_reports_every_component_and_the_mode():
                  "plotly", "mode"]:
         assert any(line.split()[:2] == ["ok", name] for line in lines), (name, done.stdout)
     assert lines[-1] == "ready for the course"
+
+
+def test_doctor_says_whether_grading_will_be_sandboxed():
+    from autograder.sandbox import probe
+
+    done = subprocess.run([sys.executable, "-m", "course", "doctor"], capture_output=True,
+                          text=True, timeout=600)
+    said = [line for line in done.stdout.splitlines() if line.split()[1:2] == ["sandbox"]]
+    assert len(said) == 1, done.stdout
+    # ok where bwrap makes the sandbox; elsewhere a note, not a problem: learners need none
+    assert said[0].split()[0] == ("ok" if probe() is None else "--")
+    bare = dict(os.environ, PATH=str(Path(sys.executable).parent))  # no bwrap on this PATH
+    done = subprocess.run([sys.executable, "-m", "course", "doctor"], capture_output=True,
+                          text=True, timeout=600, env=bare)
+    assert done.returncode == 0, done.stdout
+    assert "--   sandbox" in done.stdout and "apt-get install bubblewrap" in done.stdout
 
 
 def test_doctor_names_a_fix_for_a_missing_package(monkeypatch, capsys):

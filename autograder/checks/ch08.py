@@ -49,7 +49,7 @@ def build_manager(num_blocks: int, block_size: int, operations: list[tuple]) -> 
     return manager
 
 
-def check_batch(fn: Callable, manager: BlockManager, seq_ids: list[int], story: str,
+def expect_batch(fn: Callable, manager: BlockManager, seq_ids: list[int], story: str,
                 want: dict) -> None:
     """``fn(manager, seq_ids)`` against ``want``: positions, slot_mapping, the tables and
     seq_lens the manager's state calls for, and (``known``) what known mistakes give."""
@@ -92,10 +92,10 @@ def forked_after_partial_block(fn: Callable, block_size: int, wants: tuple[dict,
     alone. ``wants``: the expected batch of [7] after one decode step, then of [7, 8]."""
     num_blocks, before, between = fork_story(block_size)
     manager = build_manager(num_blocks, block_size, before)
-    check_batch(fn, manager, [7], "after one decode step", wants[0])
+    expect_batch(fn, manager, [7], "after one decode step", wants[0])
     for name, *args in between:
         getattr(manager, name)(*args)
-    check_batch(fn, manager, [7, 8], "after a fork and copy-on-write", wants[1])
+    expect_batch(fn, manager, [7, 8], "after a fork and copy-on-write", wants[1])
 
 
 def fork_cases(block_size: int) -> tuple[dict, dict]:
@@ -114,7 +114,7 @@ def check_build_decode_batch(fn: Callable) -> None:
                   ("append_slot", 1)]
     want = private("08").batch_case(8, 4, operations, [0, 1])
     forked = fork_cases(4)
-    check_batch(fn, build_manager(8, 4, operations), [0, 1], "(lengths 6 and 5, blocks of 4)",
+    expect_batch(fn, build_manager(8, 4, operations), [0, 1], "(lengths 6 and 5, blocks of 4)",
                 want)
     forked_after_partial_block(fn, 4, forked)
 

@@ -19,8 +19,8 @@ from autograder.checks.ch08 import (
     ONE_TOO_LARGE,
     SEED,
     build_manager,
-    check_batch,
     decode_run,
+    expect_batch,
     fork_story,
     forked_after_partial_block,
     make_requests,
@@ -81,8 +81,8 @@ def check_build_decode_batch_thoroughly(fn: Callable) -> None:
                 manager.append_slot(seq_id)
         rng.shuffle(ids)
         all_of_them, one = _expected_batch(manager, ids), _expected_batch(manager, ids[:1])
-        check_batch(fn, manager, ids, f"(9 sequences, blocks of {block_size})", all_of_them)
-        check_batch(fn, manager, ids[:1], f"(one sequence, blocks of {block_size})", one)
+        expect_batch(fn, manager, ids, f"(9 sequences, blocks of {block_size})", all_of_them)
+        expect_batch(fn, manager, ids[:1], f"(one sequence, blocks of {block_size})", one)
         if block_size > 1:
             forked_after_partial_block(fn, block_size, _fork_cases(block_size))
 
