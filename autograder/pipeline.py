@@ -105,8 +105,10 @@ class Grader:
         books = Path(tempfile.mkdtemp(prefix="kv-course-book-"))  # not under the kernel's cwd
         try:
             template = self.scratch / "templates" / chapter.name
+            # not the instructor's notebook (source/): its answers and hidden tests stay out of
+            # the submission's view; nbgrader restores cells from the gradebook
             shutil.copytree(template, work, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("gradebook.db"))
+                            ignore=shutil.ignore_patterns("gradebook.db", "source"))
             shutil.copyfile(template / "gradebook.db", books / "gradebook.db")
             db_url = f"sqlite:///{books / 'gradebook.db'}"
             write_config(work, db_url, self.limits, self.course_id)
