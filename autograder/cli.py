@@ -11,7 +11,7 @@
 ``grade-all`` takes nbgrader's ``submitted/`` folder (or the course directory holding it), a
 folder of ``<learner>/<NN_slug>.ipynb``, or a zip of uploads from a learning platform in
 either layout or with flat files named ``<learner>_<NN_slug>.ipynb`` (see
-``autograder.submissions``). It grades N submissions at a time, shows progress, writes every
+``autograder.layouts``). It grades N submissions at a time, shows progress, writes every
 learner's feedback page, a CSV row for every grade and every file not graded (and JSON), and
 resumes: a submission whose content is unchanged since it was last graded (by SHA-256, kept
 per learner and chapter in the state file) is not graded again.
@@ -31,8 +31,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from autograder.autograde import Grader, Limits
 from autograder.chapters import chapters, class_chapters
-from autograder.pipeline import Grader, Limits
 from autograder.report import NotebookResult, format_report
 
 
@@ -175,22 +175,22 @@ def _finish(results: list[NotebookResult]) -> int:
 
 def _grade_notebooks(args: argparse.Namespace) -> int:
     """A self-learner's grading: each notebook on its own, in a throwaway gradebook."""
-    from autograder.classroom import Graded, grade, read
-    from autograder.submissions import split_name
+    from autograder.classroom import grade, threads
+    from autograder.layouts import split_name
+    from autograder.submission import Submission, read
 
     known = chapters()
-    entries = []
-    for path in args.notebooks:
+    submissions = []
+    for index, path in enumerate(args.notebooks):
         named = split_name(path.name, known)
-        entries.append(Graded(str(path), "", named[1] if named else "", None, path))
-    read(entries, known)
-    with tempfile.TemporaryDirectory(prefix="kv-course-grade-") as scratch:
-        for index, entry in enumerate(entries):
-            entry.learner = f"learner-{index + 1:03d}"  # nbgrader needs one
-        grade(entries, Grader(Path(scratch), _limits_of(args), _runtime_label()), args.jobs)
-    results = [entry.result for entry in entries]
+        # nbgrader needs a learner: a self-learner's own notebook is no one's in the reports
+        submissions.append(Submission(str(path), f"learner-{index + 1:03d}",
+                                      named[1] if named else "", None, path))
+    read(submissions, known)
+    grade(submissions, Grader(_limits_of(args), _runtime_label()), threads(args.jobs))
+    results = [submission.result for submission in submissions]
     for result in results:
-        result.learner = ""  # no one's: a self-learner's own notebook
+        result.learner = ""
     if args.json:
         _write_json(args.json, results, always_list=len(args.notebooks) > 1)
     return _finish(results)
@@ -199,9 +199,9 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
 def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str] | None = None,
                  times: dict | None = None) -> int:
     from autograder import classdir
-    from autograder.classroom import ClassRun, grade_class
+    from autograder.classroom import ClassRun, grade_class, threads
     from autograder.gradebook import COURSE_ID, ClassGradebook
-    from autograder.submissions import collect, course_directory
+    from autograder.layouts import collect, course_directory
 
     course = args.course_dir or course_directory(folder)
     if course is not None:
@@ -223,11 +223,10 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
         return 1
     args.feedback = args.feedback or (course / "feedback" if course else Path("feedback"))
     args.feedback.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="kv-course-class-") as scratch:
-        run = ClassRun(ClassGradebook(_absolute_db(db_url), course_id),
-                       Grader(Path(scratch), _limits_of(args), _runtime_label(), course_id),
-                       known, args.state, args.csv, args.feedback, args.json, args.jobs)
-        entries = grade_class(run, submissions, problems)
+    run = ClassRun(ClassGradebook(_absolute_db(db_url), course_id),
+                   Grader(_limits_of(args), _runtime_label(), course_id), known, args.state,
+                   args.csv, args.feedback, threads(args.jobs), args.json)
+    entries = grade_class(run, submissions, problems)
     code = _finish([e.result for e in entries])
     now = sum(e.result.graded and not e.reused for e in entries)
     again = sum(e.reused for e in entries)
@@ -303,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
     source = args.submissions
     if source.is_file() and zipfile.is_zipfile(source):
-        from autograder.submissions import unpack
+        from autograder.layouts import unpack
 
         with tempfile.TemporaryDirectory(prefix="kv-course-uploads-") as unpacked:
             origins, times = unpack(source, Path(unpacked))

@@ -1,44 +1,48 @@
-"""Runs the real nbgrader pipeline on one submission at a time, each in a place of its own.
+"""One submission through the real nbgrader, in a place of its own: data in, data out.
 
-    <scratch>/templates/NN_slug/             a released course of the chapter, with its own
-                                             gradebook: copied for every submission
+    <cache>/templates/NN_slug-<source hash>/  a released course of the chapter, with its own
+                                             gradebook (hidden tests registered), built once
+                                             per chapter source and copied for every submission
     <temp>/kv-course-learner-XXXX/          one submission's course: a copy of the template
         submitted/<learner>/NN_slug/NN_slug.ipynb   the submission, rebuilt (``restore``)
         autograded/<learner>/NN_slug/NN_slug.ipynb  (the kernel's working directory)
     <temp>/kv-course-book-XXXX/gradebook.db    that course's gradebook, kept out of its tree
 
-The chapter's source notebook is the class's own when a class's nbgrader course directory is
-graded, the package's ``solutions/`` otherwise. nbgrader runs under ``sandbox.run``; in the
-sandbox, a submission's two folders are all it can write, and all of the host's folders it
-sees besides the system, the Python environment and the course's packages. The grader, in
-this process, then reads the scores and copies them into the class's gradebook
-(``gradebook.ClassGradebook``); nothing here touches it.
+``Grader.autograde`` takes a ``Job`` (the chapter's source notebook as text, the learner's
+notebook, who and what it is) and gives back an ``Outcome`` (the result of every test, and
+the executed notebook for the feedback page). It touches no class files, reads no file it is
+not given, and can run on another machine (``autograder.cluster``). nbgrader runs under
+``sandbox.run``: in the sandbox a submission's two folders are all it can write, and all of
+the host it sees besides the system, the Python environment and the course's packages.
 
-Checks: ``autograder.guard`` (armed by the locked first cell, verified by every test cell)
-catches a notebook replacing the checks; ``suspicious_code`` flags cells the learner wrote
-that reach for the grader, and such a notebook scores zero.
+Checks: ``autograder.arming`` records the checks before the first cell and
+``autograder.guard`` verifies them in every test cell; ``suspicious_code`` flags cells the
+learner wrote that reach for the grader, and such a notebook scores zero.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
 from autograder.arming import KERNEL_ARGUMENTS
-from autograder.chapters import Chapter, NotGradable
+from autograder.chapters import NotGradable
 from autograder.gradebook import COURSE_ID
 from autograder.guard import suspicious_code
-from autograder.report import NotebookResult, TestResult, failure_message
+from autograder.report import NotebookResult, result_of
 from autograder.restore import rebuild
 from autograder.sandbox import Limits, run
 
-__all__ = ["Grader", "Limits"]
+__all__ = ["Grader", "Job", "Limits", "Outcome"]
 
 # A Python warning on stderr (say, a library's DeprecationWarning) must not zero a test cell:
 # nbgrader scores any stderr output as a failure, so IgnorePattern drops these outputs first.
@@ -61,50 +65,83 @@ c.Execute.extra_arguments = {kernel_arguments!r}
 _CRASH_RETRIES = 3  # cells that kill the kernel, replaced one at a time before giving up
 
 
+@dataclass(frozen=True)
+class Job:
+    """What grading one submission needs: plain data, so it can travel to another machine."""
+
+    chapter: str
+    source: str  # the chapter's instructor notebook, as text
+    learner: str
+    origin: str  # what the reports call the file
+    notebook: dict  # the learner's notebook (nbformat 4)
+
+
+@dataclass
+class Outcome:
+    result: NotebookResult
+    executed: dict | None = None  # the graded notebook, for the feedback page
+
+
+def cache_folder() -> Path:
+    """Where released chapters are kept between runs (``KV_COURSE_CACHE``, else the user's
+    cache folder)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kv-course"
+    return Path(os.environ.get("KV_COURSE_CACHE") or default)
+
+
 class Grader:
-    """Grades submissions with nbgrader; ``prepare`` each chapter (once, before grading from
-    several threads), then ``autograde`` each submission."""
+    """Grades jobs with nbgrader under ``limits``; ``runtime`` names what executes the
+    notebooks in the reports."""
 
-    def __init__(self, scratch: Path, limits: Limits | None = None, runtime: str = "",
-                 course_id: str = COURSE_ID) -> None:
-        self.scratch = scratch.resolve()
+    def __init__(self, limits: Limits | None = None, runtime: str = "",
+                 course_id: str = COURSE_ID, cache: Path | None = None) -> None:
         self.limits = limits or Limits()
-        self.runtime = runtime  # what executes the notebooks, for the reports
+        self.runtime = runtime
         self.course_id = course_id
-        self._prepared: set[str] = set()
+        self.cache = (cache or cache_folder()).resolve()
 
-    def prepare(self, chapter: Chapter) -> None:
-        """Build ``chapter``'s template: its source released, hidden tests in its gradebook."""
-        if chapter.name in self._prepared:
-            return
-        template = self.scratch / "templates" / chapter.name
-        shutil.rmtree(template, ignore_errors=True)
-        generate(template, chapter, f"sqlite:///{template / 'gradebook.db'}", self.limits,
-                 self.course_id)
-        self._prepared.add(chapter.name)
+    def template(self, chapter: str, source: str) -> Path:
+        """The released course of a chapter's source: built once per source text and kept
+        (built in a folder of its own and moved into place, so runs side by side never see
+        half of one)."""
+        import nbgrader
 
-    def released(self, chapter: Chapter) -> Path:
-        """The learner notebook nbgrader released for ``chapter``."""
-        self.prepare(chapter)
-        return self.scratch / "templates" / chapter.name / "release" / chapter.name / \
-            f"{chapter.name}.ipynb"
+        key = f"{nbgrader.__version__}\n{self.course_id}\n{source}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        template = self.cache / "templates" / f"{chapter}-{digest}"
+        if not (template / "gradebook.db").exists():
+            template.parent.mkdir(parents=True, exist_ok=True)
+            building = Path(tempfile.mkdtemp(prefix=f".{chapter}-", dir=template.parent))
+            try:
+                generate(building, chapter, source, f"sqlite:///{building / 'gradebook.db'}",
+                         self.limits, self.course_id)
+                building.rename(template)
+            except OSError:  # another run put the same template in place first
+                pass
+            finally:
+                shutil.rmtree(building, ignore_errors=True)
+        return template
 
-    def autograde(self, chapter: Chapter, learner: str, submitted: nbformat.NotebookNode,
-                  origin: str, feedback: Path | None = None) -> NotebookResult:
-        """Grade one submission in a copy of the chapter's template; write its feedback page
-        to ``feedback`` when given. Touches no class files: safe to call from several threads
-        once the chapter is prepared."""
-        released = nbformat.read(self.released(chapter), as_version=4)
-        rebuilt = rebuild(submitted, released)  # raises restore.Unmatched
+    def released(self, chapter: str, source: str) -> nbformat.NotebookNode:
+        """The learner notebook nbgrader releases for a chapter's source."""
+        return nbformat.read(self.template(chapter, source) / "release" / chapter /
+                             f"{chapter}.ipynb", as_version=4)
+
+    def autograde(self, job: Job) -> Outcome:
+        """Grade one submission in a copy of its chapter's template. Raises ``NotGradable``
+        (nbgrader could not grade it) and ``restore.Unmatched`` (no answer cell of it could be
+        matched); a notebook that flags, hangs or crashes gets zero with the reason."""
+        template = self.template(job.chapter, job.source)
+        tests = _test_cells(job.source)
+        released = self.released(job.chapter, job.source)
+        rebuilt = rebuild(nbformat.from_dict(job.notebook), released)
         flagged = _flag(rebuilt.notebook, released)
         if flagged:
-            return self._zero(chapter, learner, origin,
-                              f"not graded: a cell of this notebook reaches for the grader "
-                              f"({flagged!r}); remove it and resubmit")
+            return self._zero(job, tests, f"not graded: a cell of this notebook reaches for "
+                                          f"the grader ({flagged!r}); remove it and resubmit")
         work = Path(tempfile.mkdtemp(prefix="kv-course-learner-"))
         books = Path(tempfile.mkdtemp(prefix="kv-course-book-"))  # not under the kernel's cwd
         try:
-            template = self.scratch / "templates" / chapter.name
             # not the instructor's notebook (source/): its answers and hidden tests stay out of
             # the submission's view; nbgrader restores cells from the gradebook
             shutil.copytree(template, work, dirs_exist_ok=True,
@@ -112,16 +149,16 @@ class Grader:
             shutil.copyfile(template / "gradebook.db", books / "gradebook.db")
             db_url = f"sqlite:///{books / 'gradebook.db'}"
             write_config(work, db_url, self.limits, self.course_id)
-            path = work / "submitted" / learner / chapter.name / f"{chapter.name}.ipynb"
+            path = work / "submitted" / job.learner / job.chapter / f"{job.chapter}.ipynb"
             path.parent.mkdir(parents=True)
             nbformat.write(rebuilt.notebook, path)
             for _ in range(_CRASH_RETRIES + 1):
                 try:
-                    log = nbgrader(work, ["autograde", chapter.name, "--student", learner,
+                    log = nbgrader(work, ["autograde", job.chapter, "--student", job.learner,
                                           "--force"], self.limits.notebook_timeout,
                                    self.limits, writable=(work, books))
                 except subprocess.TimeoutExpired:
-                    return self._zero(chapter, learner, origin,
+                    return self._zero(job, tests,
                                       f"not graded: the notebook ran past its "
                                       f"{self.limits.notebook_timeout} s limit (look for an "
                                       "endless loop or a very slow cell)")
@@ -129,30 +166,25 @@ class Grader:
                     break
                 crashed = self._crashing_cell(path, (work, books))
                 if crashed is None:
-                    return self._zero(chapter, learner, origin,
-                                      "not graded: the Python kernel crashed (a segfault or "
-                                      "an exit) in a test or given cell")
+                    return self._zero(job, tests, "not graded: the Python kernel crashed (a "
+                                                  "segfault or an exit) in a test or given cell")
                 _neutralise(path, crashed)
-            executed = work / "autograded" / learner / chapter.name / f"{chapter.name}.ipynb"
-            scores = _scores(db_url, chapter, learner, self.course_id)
+            executed = work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
+            scores = _scores(db_url, job.chapter, job.learner, self.course_id)
             if scores is None or not executed.exists():
                 errors = [line for line in log.splitlines() if "ERROR" in line]
                 reason = errors[0].split("]", 1)[-1].strip() if errors else "no reason given"
                 raise NotGradable(f"nbgrader could not grade it ({reason})")
-            result = _result(chapter, learner, origin, self.runtime, scores,
-                             _outputs_by_grade_id(executed))
-            if feedback is not None:
-                from autograder.feedback import write_feedback
-
-                write_feedback(executed, result, feedback)
-            return result
+            notebook = nbformat.read(executed, as_version=4)
+            return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
+                                     scores, notebook), notebook)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(books, ignore_errors=True)
 
-    def _zero(self, chapter: Chapter, learner: str, origin: str, reason: str
-              ) -> NotebookResult:
-        return _result(chapter, learner, origin, self.runtime, {}, {}, reason)
+    def _zero(self, job: Job, tests: list[tuple[str, float]], reason: str) -> Outcome:
+        return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
+                                 {}, None, reason))
 
     def _crashing_cell(self, notebook: Path, writable: tuple[Path, ...]) -> int | None:
         """The index of the learner's cell that kills the kernel, found by running the
@@ -172,6 +204,13 @@ class Grader:
         return None if meta.get("grade") or meta.get("locked") else found
 
 
+def _test_cells(source: str) -> list[tuple[str, float]]:
+    """(grade id, points) of every graded test cell of a chapter's source, in order."""
+    return [(c.metadata["nbgrader"]["grade_id"], float(c.metadata["nbgrader"]["points"]))
+            for c in nbformat.reads(source, as_version=4).cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
+
+
 def write_config(root: Path, db_url: str, limits: Limits, course_id: str = COURSE_ID) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / "nbgrader_config.py").write_text(_CONFIG.format(
@@ -179,17 +218,17 @@ def write_config(root: Path, db_url: str, limits: Limits, course_id: str = COURS
         pattern=WARNING_ON_STDERR, kernel_arguments=KERNEL_ARGUMENTS))
 
 
-def generate(root: Path, chapter: Chapter, db_url: str, limits: Limits,
+def generate(root: Path, chapter: str, source: str, db_url: str, limits: Limits,
              course_id: str = COURSE_ID) -> None:
-    """Release ``chapter`` from its source in a course folder at ``root`` whose gradebook is
-    ``db_url`` (registering the chapter there, hidden tests included)."""
+    """Release a chapter from its source (text) in a course folder at ``root`` whose gradebook
+    is ``db_url`` (registering the chapter there, hidden tests included)."""
     write_config(root, db_url, limits, course_id)
-    source = root / "source" / chapter.name / f"{chapter.name}.ipynb"
-    source.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(chapter.source, source)
+    path = root / "source" / chapter / f"{chapter}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source, encoding="utf-8")
     # Outside the sandbox: generate_assignment runs no notebook (no learner code, only the
     # instructor's source), and registering a chapter writes the class's own gradebook.
-    nbgrader(root, ["generate_assignment", chapter.name, "--force"], 300,
+    nbgrader(root, ["generate_assignment", chapter, "--force"], 300,
              dataclasses.replace(limits, sandbox=False))
 
 
@@ -223,34 +262,13 @@ def _flag(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode) -> s
     return None
 
 
-def _scores(db_url: str, chapter: Chapter, learner: str, course_id: str
+def _scores(db_url: str, chapter: str, learner: str, course_id: str
             ) -> dict[str, float] | None:
     from nbgrader.api import Gradebook, MissingEntry
 
     with Gradebook(db_url, course_id) as gradebook:
         try:
-            graded = gradebook.find_submission_notebook(chapter.name, chapter.name, learner)
+            graded = gradebook.find_submission_notebook(chapter, chapter, learner)
         except MissingEntry:
             return None
         return {g.name: g.score for g in graded.grades}
-
-
-def _result(chapter: Chapter, learner: str, origin: str, runtime: str,
-            scores: dict[str, float], outputs: dict[str, list], reason: str = ""
-            ) -> NotebookResult:
-    """Per test cell of the source: its points, and the hint a failure left (``reason``, for
-    a notebook not run at all)."""
-    tests = []
-    for grade_id, max_points in chapter.test_cells():
-        points = 0.0 if reason else float(scores.get(grade_id, 0.0))
-        passed = points == max_points
-        message = reason or ("" if passed else failure_message(outputs.get(grade_id)))
-        tests.append(TestResult(grade_id, points, max_points, passed, message))
-    return NotebookResult(origin, chapter.name, runtime, tests, learner=learner)
-
-
-def _outputs_by_grade_id(executed: Path) -> dict[str, list]:
-    notebook = nbformat.read(executed, as_version=4)
-    return {cell.metadata["nbgrader"]["grade_id"]: cell.get("outputs", [])
-            for cell in notebook.cells
-            if cell.metadata.get("nbgrader", {}).get("grade_id")}
