@@ -23,18 +23,21 @@ learner wrote that reach for the grader, and such a notebook scores zero.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
-from autograder.arming import KERNEL_ARGUMENTS
+from autograder.arming import KERNEL_ARGUMENTS, TIMINGS
 from autograder.chapters import NotGradable
 from autograder.gradebook import COURSE_ID
 from autograder.guard import suspicious_code
@@ -80,6 +83,33 @@ class Job:
 class Outcome:
     result: NotebookResult
     executed: dict | None = None  # the graded notebook, for the feedback page
+    timings: dict[str, float] = field(default_factory=dict)  # seconds, by part (``breakdown``)
+
+
+def breakdown(copy: float, started: float, ended: float, stamps: Path,
+              executed: nbformat.NotebookNode) -> dict[str, float]:
+    """Where one notebook's grading time went: copying its course, nbgrader and the kernel
+    starting, the imports and set-up before the first cell (``arming``), the notebook's own
+    cells (set-up, answers, demonstrations), the test cells, and nbgrader after the last cell.
+    ``started`` and ``ended`` are the wall-clock times around nbgrader; ``stamps`` holds the
+    kernel's times around arming."""
+    armed_from, armed_to = json.loads(stamps.read_text())
+    cells, tests, first, last = 0.0, 0.0, None, None
+    for cell in executed.cells:
+        times = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" not in times or "shell.execute_reply" not in times:
+            continue
+        began = dt.datetime.fromisoformat(times["iopub.execute_input"]).timestamp()
+        done = dt.datetime.fromisoformat(times["shell.execute_reply"]).timestamp()
+        first, last = first or began, done
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+            tests += done - began
+        else:
+            cells += done - began
+    return {"course copy": copy, "nbgrader and kernel start": armed_from - started,
+            "imports and set-up": armed_to - armed_from,
+            "notebook's own cells": cells, "test cells": tests,
+            "nbgrader after the last cell": ended - (last or ended)}
 
 
 def cache_folder() -> Path:
@@ -139,6 +169,7 @@ class Grader:
         if flagged:
             return self._zero(job, tests, f"not graded: a cell of this notebook reaches for "
                                           f"the grader ({flagged!r}); remove it and resubmit")
+        copying = time.monotonic()
         work = Path(tempfile.mkdtemp(prefix="kv-course-learner-"))
         books = Path(tempfile.mkdtemp(prefix="kv-course-book-"))  # not under the kernel's cwd
         try:
@@ -152,11 +183,15 @@ class Grader:
             path = work / "submitted" / job.learner / job.chapter / f"{job.chapter}.ipynb"
             path.parent.mkdir(parents=True)
             nbformat.write(rebuilt.notebook, path)
+            copy = time.monotonic() - copying
+            stamps = work / ".timings.json"
             for _ in range(_CRASH_RETRIES + 1):
+                started = time.time()
                 try:
                     log = nbgrader(work, ["autograde", job.chapter, "--student", job.learner,
                                           "--force"], self.limits.notebook_timeout,
-                                   self.limits, writable=(work, books))
+                                   self.limits, writable=(work, books),
+                                   environment={TIMINGS: str(stamps)})
                 except subprocess.TimeoutExpired:
                     return self._zero(job, tests,
                                       f"not graded: the notebook ran past its "
@@ -175,9 +210,11 @@ class Grader:
                 errors = [line for line in log.splitlines() if "ERROR" in line]
                 reason = errors[0].split("]", 1)[-1].strip() if errors else "no reason given"
                 raise NotGradable(f"nbgrader could not grade it ({reason})")
+            ended = time.time()
             notebook = nbformat.read(executed, as_version=4)
             return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
-                                     scores, notebook), notebook)
+                                     scores, notebook), notebook,
+                           breakdown(copy, started, ended, stamps, notebook))
         finally:
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(books, ignore_errors=True)
@@ -233,8 +270,9 @@ def generate(root: Path, chapter: str, source: str, db_url: str, limits: Limits,
 
 
 def nbgrader(root: Path, args: list[str], timeout: int, limits: Limits,
-             writable: tuple[Path, ...] = ()) -> str:
-    return run([sys.executable, "-m", "nbgrader", *args], root, timeout, limits, writable)
+             writable: tuple[Path, ...] = (), environment: dict[str, str] | None = None) -> str:
+    return run([sys.executable, "-m", "nbgrader", *args], root, timeout, limits, writable,
+               environment)
 
 
 def _neutralise(notebook: Path, index: int) -> None:

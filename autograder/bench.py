@@ -1,12 +1,19 @@
-"""Grading throughput: notebooks graded per minute for a synthetic class.
+"""Grading throughput: notebooks graded per minute for a synthetic class, and where one
+notebook's time goes.
 
     python -m autograder.bench [--learners 50] [--jobs 1 2] [--sandbox auto|on|off]
+    python -m autograder.bench --breakdown [--repeat 3] [--sandbox auto|on|off]
 
 Learner i hands in chapter i mod (number of chapters): correct (the course's solutions),
 partial (the first half of the TODOs solved) or broken (an endless loop, a syntax error or a
 crashing kernel in the last TODO), in turn. Each ``--jobs`` value grades the whole class with
 ``grade-all`` from scratch (a fresh gradebook, per-cell limit 20 s, ``--sandbox`` as given)
 and prints notebooks per minute.
+
+``--breakdown`` grades each chapter's solution notebook alone (``--repeat`` times, the median
+kept) and prints where its time went (``autograde.breakdown``): copying its course, nbgrader
+and the kernel starting, the imports and set-up before the first cell, the notebook's own
+cells, the test cells, nbgrader after the last cell; and the part that is not the tests.
 """
 
 from __future__ import annotations
@@ -41,13 +48,61 @@ def synthetic_class(folder: Path, learners: int) -> None:
         nbformat.write(notebook, path)
 
 
+def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
+    """Chapter -> part -> seconds (the median of ``repeat`` gradings of its solution)."""
+    import statistics
+
+    from autograder.autograde import Grader, Job, Limits
+    from course.runtime import detect
+
+    grader = Grader(Limits(sandbox=sandbox), detect().label)
+    found = {}
+    for chapter in chapters().values():
+        source = chapter.source.read_text(encoding="utf-8")
+        grader.template(chapter.name, source)  # released before timing, as grade-all does
+        runs = [grader.autograde(Job(chapter.name, source, "learner", str(chapter.source),
+                                     nbformat.reads(source, as_version=4))).timings
+                for _ in range(repeat)]
+        found[chapter.name] = {part: statistics.median(run[part] for run in runs)
+                               for part in runs[0]}
+    return found
+
+
+def _breakdown_table(found: dict[str, dict[str, float]]) -> str:
+    parts = list(next(iter(found.values())))
+    lines = [f"{'chapter':<38}" + "".join(f"{p[:14]:>15}" for p in parts) + f"{'not tests':>11}"]
+    for chapter, times in found.items():
+        fixed = sum(v for p, v in times.items() if p != "test cells")
+        lines.append(f"{chapter:<38}" + "".join(f"{times[p]:>15.2f}" for p in parts)
+                     + f"{fixed:>11.2f}")
+    mean = {p: sum(t[p] for t in found.values()) / len(found) for p in parts}
+    fixed = sum(v for p, v in mean.items() if p != "test cells")
+    lines.append(f"{'mean':<38}" + "".join(f"{mean[p]:>15.2f}" for p in parts)
+                 + f"{fixed:>11.2f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--breakdown", action="store_true",
+                        help="where one notebook's time goes, per chapter (seconds)")
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--learners", type=int, default=50)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                         help="grade-all's --sandbox (default: auto)")
     args = parser.parse_args(argv)
+    if args.breakdown:
+        import course
+        from autograder.sandbox import probe
+
+        course.setup(quiet=True)
+        sandbox = args.sandbox == "on" or (args.sandbox == "auto" and probe() is None)
+        print(f"seconds per notebook, median of {args.repeat}; `python -m autograder.bench "
+              f"--breakdown --repeat {args.repeat} --sandbox {args.sandbox}` (sandbox "
+              f"{'on' if sandbox else 'off'})")
+        print(_breakdown_table(breakdown(args.repeat, sandbox)))
+        return 0
     with tempfile.TemporaryDirectory(prefix="kv-course-bench-") as scratch:
         uploads = Path(scratch) / "uploads"
         synthetic_class(uploads, args.learners)
