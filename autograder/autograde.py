@@ -63,6 +63,8 @@ c.IgnorePattern.pattern = {pattern!r}
 c.LimitOutput.max_lines = 1000
 c.LimitOutput.max_traceback = 100
 c.Execute.extra_arguments = {kernel_arguments!r}
+# the kernel is the submission's alone and the sandbox ends it: no graceful wait
+c.Execute.shutdown_kernel = "immediate"
 """
 
 _CRASH_RETRIES = 3  # cells that kill the kernel, replaced one at a time before giving up
@@ -271,8 +273,8 @@ def generate(root: Path, chapter: str, source: str, db_url: str, limits: Limits,
 
 def nbgrader(root: Path, args: list[str], timeout: int, limits: Limits,
              writable: tuple[Path, ...] = (), environment: dict[str, str] | None = None) -> str:
-    return run([sys.executable, "-m", "nbgrader", *args], root, timeout, limits, writable,
-               environment)
+    return run([sys.executable, "-m", "autograder.nbgrader_main", *args], root, timeout,
+               limits, writable, environment)
 
 
 def _neutralise(notebook: Path, index: int) -> None:
