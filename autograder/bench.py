@@ -1,14 +1,15 @@
 """Grading throughput: notebooks graded per minute for a synthetic class, and where one
 notebook's time goes.
 
-    python -m autograder.bench [--learners 50] [--jobs 1 2] [--sandbox auto|on|off]
+    python -m autograder.bench [--learners 50] [--jobs 1 2] [--dask local:2] [--sandbox auto|on|off]
     python -m autograder.bench --breakdown [--repeat 3] [--sandbox auto|on|off]
 
 Learner i hands in chapter i mod (number of chapters): correct (the course's solutions),
 partial (the first half of the TODOs solved) or broken (an endless loop, a syntax error or a
 crashing kernel in the last TODO), in turn. Each ``--jobs`` value grades the whole class with
 ``grade-all`` from scratch (a fresh gradebook, per-cell limit 20 s, ``--sandbox`` as given)
-and prints notebooks per minute.
+and prints notebooks per minute; so does each ``--dask`` address (``local:N``: N worker
+processes on this machine).
 
 ``--breakdown`` grades each chapter's solution notebook alone (``--repeat`` times, the median
 kept) and prints where its time went (``autograde.breakdown``): copying its course, nbgrader
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                         help="grade-all's --sandbox (default: auto)")
+    parser.add_argument("--dask", nargs="*", default=[], metavar="ADDRESS",
+                        help="also grade the class on these Dask clusters (grade-all's --dask, "
+                        "for example local:2)")
     args = parser.parse_args(argv)
     if args.breakdown:
         import course
@@ -109,17 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.learners} learners, chapters and kinds in turn; "
               f"`python -m autograder.bench --learners {args.learners} --sandbox "
               f"{args.sandbox}`")
-        for jobs in args.jobs:
-            run = Path(scratch) / f"jobs-{jobs}"
+        runs = [("--jobs", str(jobs)) for jobs in args.jobs]
+        runs += [("--dask", address) for address in args.dask]
+        for number, (option, value) in enumerate(runs):
+            run = Path(scratch) / f"run-{number}"
             run.mkdir()
             started = time.monotonic()
             done = subprocess.run(
-                [sys.executable, "-m", "autograder", "grade-all", str(uploads), "--jobs",
-                 str(jobs), "--cell-timeout", "20", "--sandbox", args.sandbox], cwd=run,
+                [sys.executable, "-m", "autograder", "grade-all", str(uploads), option, value,
+                 "--cell-timeout", "20", "--sandbox", args.sandbox], cwd=run,
                 capture_output=True, text=True)
             minutes = (time.monotonic() - started) / 60
             rows = (run / "grades.csv").read_text().count("\n") - 1
-            print(f"--jobs {jobs}: {args.learners} notebooks in {minutes * 60:.0f} s = "
+            print(f"{option} {value}: {args.learners} notebooks in {minutes * 60:.0f} s = "
                   f"{args.learners / minutes:.1f} notebooks per minute ({rows} gradebook "
                   f"rows, exit code {done.returncode})")
     return 0

@@ -3,7 +3,7 @@
     python -m autograder grade NOTEBOOK... [--json FILE] [--jobs N] [--sandbox auto|on|off]
     python -m autograder grade-all DIR|ZIP [--course-dir DIR] [--db URL] [--csv FILE]
                                    [--json FILE] [--jobs N] [--feedback DIR] [--state FILE]
-                                   [--sandbox auto|on|off]
+                                   [--sandbox auto|on|off] [--dask ADDRESS|local:N]
     python -m autograder course-dir DIR [--chapters 1-3] [--course-id ID] [--exchange DIR]
     python -m autograder release
     python -m autograder repository URL
@@ -14,7 +14,8 @@ either layout or with flat files named ``<learner>_<NN_slug>.ipynb`` (see
 ``autograder.layouts``). It grades N submissions at a time, shows progress, writes every
 learner's feedback page, a CSV row for every grade and every file not graded (and JSON), and
 resumes: a submission whose content is unchanged since it was last graded (by SHA-256, kept
-per learner and chapter in the state file) is not graded again.
+per learner and chapter in the state file) is not graded again. With ``--dask`` the
+notebooks are graded on a Dask cluster's workers instead (``autograder.cluster``).
 
 Both grading commands run every notebook in a bubblewrap sandbox (``autograder.bubblewrap``)
 unless told ``--sandbox off``; where bwrap is missing or cannot make the sandbox, they stop
@@ -73,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
                         metavar="FILE", help="what was graded, by content hash, for resuming "
                         "(default: grading-state.json)")
     _limits(class_, default_jobs=os.cpu_count() or 1)
+    class_.add_argument("--dask", metavar="ADDRESS",
+                        help="grade on a Dask cluster instead of this process's threads: its "
+                        "scheduler's address (tcp://HOST:8786; workers run the course's "
+                        "image), or local:N for N worker processes on this machine (needs "
+                        "the `cluster` extra: pip install '.[cluster]')")
 
     setup = commands.add_parser("course-dir", help="set up a class's nbgrader course "
                                 "directory: source/ from the solutions, nbgrader_config.py")
@@ -199,7 +205,7 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
 def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str] | None = None,
                  times: dict | None = None) -> int:
     from autograder import classdir
-    from autograder.classroom import ClassRun, grade_class, threads
+    from autograder.classroom import ClassRun, grade_class
     from autograder.gradebook import COURSE_ID, ClassGradebook
     from autograder.layouts import collect, course_directory
 
@@ -221,11 +227,13 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
               "<learner>/<NN_slug>.ipynb, <learner>_<NN_slug>.ipynb or nbgrader's submitted/)",
               file=sys.stderr)
         return 1
+    if args.dask and args.dask.startswith("local:"):  # its workers share this machine's cores
+        args.jobs = int(args.dask.split(":", 1)[1] or 1)
     args.feedback = args.feedback or (course / "feedback" if course else Path("feedback"))
     args.feedback.mkdir(parents=True, exist_ok=True)
     run = ClassRun(ClassGradebook(_absolute_db(db_url), course_id),
                    Grader(_limits_of(args), _runtime_label(), course_id), known, args.state,
-                   args.csv, args.feedback, threads(args.jobs), args.json)
+                   args.csv, args.feedback, _runner(args), args.json)
     entries = grade_class(run, submissions, problems)
     code = _finish([e.result for e in entries])
     now = sum(e.result.graded and not e.reused for e in entries)
@@ -235,6 +243,16 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
           f"last graded (not graded again), {refused} not graded (see the error lines); "
           f"gradebook {run.book.db_url}, scores in {args.csv}, feedback in {args.feedback}")
     return code
+
+
+def _runner(args: argparse.Namespace):
+    from autograder.classroom import threads
+
+    if not args.dask:
+        return threads(args.jobs)
+    from autograder.cluster import dask
+
+    return dask(args.dask)
 
 
 def _edition(args: argparse.Namespace) -> int:
