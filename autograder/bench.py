@@ -128,7 +128,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{option} {value}: {args.learners} notebooks in {minutes * 60:.0f} s = "
                   f"{args.learners / minutes:.1f} notebooks per minute ({rows} gradebook "
                   f"rows, exit code {done.returncode})")
+            if (option, value) == ("--jobs", "1"):
+                print(_projection(args.learners / minutes))
     return 0
+
+
+def _projection(per_worker: float, chapters: int = 8) -> str:
+    """Hours for whole classes (every learner hands in every chapter) on N workers that each
+    grade at ``per_worker`` notebooks per minute, as one core here did with ``--jobs 1``: a
+    projection, assuming each worker has a core of its own and the scheduler is not the limit."""
+    lines = [f"  projected, at {per_worker:.1f} notebooks per minute per worker "
+             f"(hours for {chapters} chapters each):"]
+    for learners in (300, 10_000):
+        lines.append(f"    {learners:>6} learners: " + ", ".join(
+            f"{learners * chapters / (per_worker * workers) / 60:.1f} h on {workers} "
+            f"worker{'s' * (workers > 1)}" for workers in (1, 16, 64)))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
