@@ -184,7 +184,7 @@ class Grader:
             write_config(work, db_url, self.limits, self.course_id)
             path = work / "submitted" / job.learner / job.chapter / f"{job.chapter}.ipynb"
             path.parent.mkdir(parents=True)
-            nbformat.write(rebuilt.notebook, path)
+            nbformat.write(without_demonstrations(rebuilt.notebook, released), path)
             copy = time.monotonic() - copying
             stamps = work / ".timings.json"
             for _ in range(_CRASH_RETRIES + 1):
@@ -284,6 +284,24 @@ def _neutralise(notebook: Path, index: int) -> None:
         'raise RuntimeError("This cell crashed the Python kernel when the notebook was '
         'graded (a segfault or an exit), so it was not run.")')
     nbformat.write(contents, notebook)
+
+
+DEMO = "demo"  # the tag of a cell that only shows something: no test needs what it does
+NOT_RUN = "# A demonstration, not run while grading: no test needs it.\n"
+
+
+def without_demonstrations(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode
+                           ) -> nbformat.NotebookNode:
+    """``notebook`` with every cell that is one of the released notebook's demonstrations
+    (tagged ``demo``, its source unchanged) emptied: serving a workload or animating a pool
+    costs a grading run time and decides no grade. A learner's own or edited cell still runs."""
+    shown = {c.source for c in released.cells
+             if c.cell_type == "code" and DEMO in c.get("metadata", {}).get("tags", [])}
+    trimmed = nbformat.from_dict(notebook)
+    for cell in trimmed.cells:
+        if cell.get("cell_type") == "code" and cell.get("source") in shown:
+            cell.source = NOT_RUN
+    return trimmed
 
 
 def _flag(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode) -> str | None:
