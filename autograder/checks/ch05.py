@@ -363,7 +363,10 @@ def _first(cls: type, *earlier: str) -> None:
     for name in earlier:
         try:
             _CASES[name](cls)
-        except AssertionError:
+        except AssertionError as failure:
+            if "is not written yet" in str(failure):
+                raise AssertionError(f"This test runs your {name}, which is not written yet: "
+                                     f"write {name} first.") from None
             raise AssertionError(f"This test runs your {name}, whose own test fails: fix "
                                  f"{name} first (its test cell says what broke).") from None
 
