@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ch01
+from autograder.hidden import ch01 as hidden01
 from course import kv_sizing as reference
 
 
@@ -43,7 +44,7 @@ def test_random_cases_are_seeded():
         seen.append((tuple(lengths), capacity_tokens, block_size))
         return reference.requests_fit_paged(lengths, capacity_tokens, block_size)
 
-    ch01.check_requests_fit_paged_thoroughly(recording)
+    hidden01.check_requests_fit_paged_thoroughly(recording)
     first, seen[:] = list(seen), []
-    ch01.check_requests_fit_paged_thoroughly(recording)
+    hidden01.check_requests_fit_paged_thoroughly(recording)
     assert seen == first
