@@ -65,3 +65,18 @@ def test_a_request_longer_than_max_model_len_is_refused_before_counting():
     with pytest.raises(ValueError, match="longer than max_model_len"):
         reference.requests_fit_contiguous([100, 300, 2049], 4096, 2048)
     assert reference.requests_fit_contiguous([2048, 2048], 4096, 2048) == 2
+
+
+def test_an_unwritten_function_is_told_so_before_an_unwritten_earlier_todo():
+    def kv_bytes_per_token(**kw):
+        raise NotImplementedError()
+
+    def kv_bytes_per_sequence(config, num_tokens, bytes_per_element=2):
+        raise NotImplementedError()
+
+    kv_bytes_per_sequence.__globals__["kv_bytes_per_token"] = kv_bytes_per_token
+    try:
+        with pytest.raises(AssertionError, match="kv_bytes_per_sequence is not written yet"):
+            ch01.check_kv_bytes_per_sequence(kv_bytes_per_sequence)
+    finally:
+        del kv_bytes_per_sequence.__globals__["kv_bytes_per_token"]

@@ -3,9 +3,10 @@
 ``expect`` calls the learner's function once and reports, in this order, the first thing that
 breaks: what it raised or returned against what was expected (the one known mistake that
 gives this value, else the idea), then the type the TODO promises (``7168.0`` is not the
-``int`` 7168). Before any of that is shown, an earlier TODO the function may build on is
-tried on the same input (``Earlier``): when that one is wrong or unwritten, the hint says to
-fix it first, since the later test cannot pass before it does.
+``int`` 7168). A function still unwritten is told so. Otherwise, before any of that is shown,
+an earlier TODO the function may build on is tried on the same input (``Earlier``): when that
+one is wrong or unwritten, the hint says to fix it first, since the later test cannot pass
+before it does.
 
 Expected values come from the hidden module through ``private``, asked before the learner's
 code runs; nothing here computes an answer.
@@ -79,6 +80,8 @@ def expect(fn: Callable[..., Any], kwargs: dict[str, Any], expected: Any, idea: 
     failure = _verdict(fn, kwargs, expected, idea, list(known), rel_tol, promise)
     if failure is None:
         return
+    if failure == not_written(getattr(fn, "__name__", "this function")):
+        raise AssertionError(failure)  # its own stub first, whatever it builds on
     raise AssertionError(_blame_earlier(fn, kwargs, list(earlier)) or failure)
 
 
