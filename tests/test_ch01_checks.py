@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ch01
-from autograder.hidden import ch01 as hidden
+from autograder.hidden import ch01 as hidden01
 from course import kv_sizing as reference
 
 
@@ -44,14 +44,14 @@ def test_random_cases_are_seeded():
         seen.append((tuple(lengths), capacity_tokens, block_size))
         return reference.requests_fit_paged(lengths, capacity_tokens, block_size)
 
-    hidden.check_requests_fit_paged_thoroughly(recording)
+    hidden01.check_requests_fit_paged_thoroughly(recording)
     first, seen[:] = list(seen), []
-    hidden.check_requests_fit_paged_thoroughly(recording)
+    hidden01.check_requests_fit_paged_thoroughly(recording)
     assert seen == first
 
 
 @pytest.mark.parametrize("level", [ch01.check_num_gpu_blocks,
-                                   hidden.check_num_gpu_blocks_thoroughly])
+                                   hidden01.check_num_gpu_blocks_thoroughly])
 def test_a_count_returned_as_a_float_fails_visible_and_hidden(level):
     def num_gpu_blocks(**kw):
         return float(reference.num_gpu_blocks(**kw))
