@@ -3,10 +3,10 @@
 ``expect`` calls the learner's function once and reports, in this order, the first thing that
 breaks: what it raised or returned against what was expected (the one known mistake that
 gives this value, else the idea), then the type the TODO promises (``7168.0`` is not the
-``int`` 7168). A function still unwritten is told so. Otherwise, before any of that is shown,
-an earlier TODO the function may build on is tried on the same input (``Earlier``): when that
-one is wrong or unwritten, the hint says to fix it first, since the later test cannot pass
-before it does.
+``int`` 7168). A function whose own stub still raises is told so. Otherwise, before any of
+that is shown, an earlier TODO the function may build on is tried on the same input
+(``Earlier``): when that one is wrong or unwritten, the hint says to fix it first, since the
+later test cannot pass before it does.
 
 Expected values come from the hidden module through ``private``, asked before the learner's
 code runs; nothing here computes an answer.
@@ -80,7 +80,7 @@ def expect(fn: Callable[..., Any], kwargs: dict[str, Any], expected: Any, idea: 
     failure = _verdict(fn, kwargs, expected, idea, list(known), rel_tol, promise)
     if failure is None:
         return
-    if failure == not_written(getattr(fn, "__name__", "this function")):
+    if isinstance(failure, _OwnStub):
         raise AssertionError(failure)  # its own stub first, whatever it builds on
     raise AssertionError(_blame_earlier(fn, kwargs, list(earlier)) or failure)
 
@@ -93,8 +93,9 @@ def _verdict(fn: Callable[..., Any], kwargs: dict[str, Any], expected: Any, idea
         else _short(expected)
     try:
         got = fn(**kwargs)
-    except NotImplementedError:
-        return not_written(getattr(fn, "__name__", "this function"))
+    except NotImplementedError as exc:
+        written = not_written(getattr(fn, "__name__", "this function"))
+        return _OwnStub(written) if _raised_by(fn, exc) else written
     except Exception as exc:
         if isinstance(expected, Raises) and isinstance(exc, expected.error):
             return None
@@ -117,6 +118,18 @@ def _verdict(fn: Callable[..., Any], kwargs: dict[str, Any], expected: Any, idea
     if kind is not None:
         return f"{call} returned {_short(got)}, {kind}; it promises {promise.words}."
     return None
+
+
+class _OwnStub(str):
+    """The hint for a function whose own stub raised NotImplementedError (not one it calls)."""
+
+
+def _raised_by(fn: Callable[..., Any], exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in ``fn``'s own code, rather than in a function it called."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code is getattr(fn, "__code__", None)
 
 
 def _equal(got: Any, expected: Any, rel_tol: float) -> bool:
