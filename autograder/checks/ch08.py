@@ -536,7 +536,7 @@ def _who(request: GenRequest, victim: GenRequest) -> str:
     return f"request {request.id} (branch {request.branch} of request {victim.id})"
 
 
-def check_books(engine: PagedEngine, where: str) -> None:
+def assert_books_balance(engine: PagedEngine, where: str) -> None:
     """The GPU pool's books balance against the running requests' tables, the CPU pool's
     against the swapped ones'."""
     s = engine.scheduler
@@ -606,7 +606,7 @@ def expect_abort(fn: Callable, engine: PagedEngine, requests: dict[int, GenReque
                 engine.scheduler.cpu.tables.get(request.id) != cpu:
             raise AssertionError(f"{where}: request {request.id}'s blocks changed; only the "
                                  "cancelled requests' blocks go back.")
-    check_books(engine, where)
+    assert_books_balance(engine, where)
     if not isinstance(taken, list | tuple) or sorted(getattr(r, "id", r) for r in taken) != \
             sorted(r.id for r in targets):
         got = ([getattr(r, "id", r) for r in taken] if isinstance(taken, list | tuple)
@@ -727,7 +727,7 @@ def faulty_step(fn: Callable, engine: FaultyEngine, runs: dict, story: str) -> l
             raise AssertionError(f"{where}: request {request.id} was aborted, and its error "
                                  f"is {request.error!r}: the exception its decode raised "
                                  "goes in request.error, for whoever asked for it.")
-    check_books(engine, where)
+    assert_books_balance(engine, where)
     if not isinstance(aborted, list | tuple) or sorted(getattr(r, "id", r) for r in aborted) \
             != sorted(r.id for r in doomed):
         got = ([getattr(r, "id", r) for r in aborted] if isinstance(aborted, list | tuple)

@@ -29,8 +29,8 @@ from autograder.checks.ch08 import (
     Observing,
     _held,
     abort_story,
+    assert_books_balance,
     build_manager,
-    check_books,
     decode_run,
     expect_abort,
     expect_batch,
@@ -427,7 +427,7 @@ def _fault_then_serve(fn: Callable, prompts: list[list[int]]) -> None:
     where = ("decode_surviving_faults(...) on the course's engine, the model step failing "
              "halfway (garbage written at every request's new slot) whenever request 2 is in "
              "the batch")
-    check_books(engine, where)
+    assert_books_balance(engine, where)
     for request in requests:
         if request.id != 2 and len(request.output) != 2:
             raise AssertionError(f"{where}: request {request.id} has {len(request.output)} "
