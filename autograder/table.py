@@ -60,6 +60,7 @@ PARTS = {parts.slug: parts for parts in [
                              "paged_attention") | _all(
         "kernels.split_kv", "split_kv_kernel", "merge_splits_kernel"), needs=(6,)),
     Parts("08_capstone_paged_serving", _all(
-        "course.paged_engine", "build_decode_batch", "paged_decode_step", "serve"),
+        "course.paged_engine", "build_decode_batch", "paged_decode_step", "serve", "abort",
+        "decode_surviving_faults"),
         needs=(3, 5, 6, 7)),
 ]}

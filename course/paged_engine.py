@@ -48,6 +48,8 @@ class GenRequest(Request):
     logits: list[torch.Tensor] = field(default_factory=list)
     n: int = 1
     branch: int = 0  # k > 0: took the k-th most likely first token of its parent
+    parent: int | None = None  # a branch: the id of the request it was forked from
+    error: Exception | None = None  # why the request was aborted by a fault, if it was
 
     @property
     def tokens(self) -> list[int]:
@@ -106,11 +108,13 @@ class KVPool:
 
 @dataclass
 class DecodeBatch:
-    """The tensors one decode step needs, one row per sequence."""
+    """The tensors one decode step needs, one row per sequence, in the order of the sequences
+    given. ``max_blocks`` is the longest table's length; a shorter row is padded past its own
+    blocks (with 0 here: attention never reads past ``seq_lens``, so any value works)."""
 
     positions: torch.Tensor  # [num_seqs] int64: the position of the token being decoded
     slot_mapping: torch.Tensor  # [num_seqs] int64: where its K/V go in the pool
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32: each table, padded
     seq_lens: torch.Tensor  # [num_seqs] int32: tokens to attend over, the new one included
 
     def to(self, device: torch.device | str) -> DecodeBatch:
@@ -275,7 +279,8 @@ class PagedEngine:
         for k in range(1, parent.n):
             self._branch_ids += 1
             child = GenRequest(-self._branch_ids, parent.prompt_len, parent.output_len,
-                               parent.arrival, prompt=list(parent.prompt), branch=k)
+                               parent.arrival, prompt=list(parent.prompt), branch=k,
+                               parent=parent.id)
             child.emit(choices[k], logits)
             self.blocks.fork(parent.id, child.id)
             self.scheduler.running.append(child)
@@ -330,5 +335,67 @@ def serve(engine: PagedEngine, requests: list[GenRequest], max_steps: int = 10_0
                 engine.scheduler.finish(request)
                 finished.append(request)
         engine.record(step, plan)
-    raise RuntimeError(f"requests still unfinished after {max_steps} steps")
+    if pending or engine.busy():
+        raise RuntimeError(f"requests still unfinished after {max_steps} steps")
+    return finished
+    ### END SOLUTION
+
+
+def abort(engine: PagedEngine, request: GenRequest) -> list[GenRequest]:
+    """Cancel ``request`` wherever it is (waiting, running or swapped out), and with it every
+    parallel-sampling branch forked from it that the engine still holds. Every block they
+    hold goes back: on the GPU each drops one reference (a block shared with a request that
+    stays keeps its other references); a swapped-out request's CPU blocks are freed. Returns
+    the requests taken out, in any order (none if the engine holds neither ``request`` nor a
+    branch of it)."""
+    ### BEGIN SOLUTION
+    scheduler = engine.scheduler
+
+    def cancelled(other: GenRequest) -> bool:
+        return other is request or other.parent == request.id
+
+    taken = [r for r in scheduler.waiting if cancelled(r)]
+    for r in taken:
+        scheduler.waiting.remove(r)  # a waiting request holds no blocks
+    for r in [r for r in scheduler.running if cancelled(r)]:
+        scheduler.running.remove(r)
+        scheduler.gpu.free(r.id)
+        taken.append(r)
+    for r in [r for r in scheduler.swapped if cancelled(r)]:
+        scheduler.swapped.remove(r)
+        scheduler.cpu.free(r.id)
+        taken.append(r)
+    return taken
+    ### END SOLUTION
+
+
+def decode_surviving_faults(engine: PagedEngine, requests: list[GenRequest]
+                            ) -> list[GenRequest]:
+    """One decode step of ``requests`` (their slots reserved by this step's plan) in which a
+    fault in the model step costs only the requests whose own decode fails. Every request
+    that decodes emits its greedy token (``argmax`` of its logits), once. When
+    ``engine.decode(requests)`` raises, each request still running is decoded again on its
+    own; one whose own decode raises is aborted (``abort``, its branches with it), the
+    exception kept in its ``error``. Returns every request aborted, in any order."""
+    ### BEGIN SOLUTION
+    try:
+        logits = engine.decode(requests)
+    except Exception:  # a decode writes only each request's reserved slot: retrying is safe
+        logits = None
+    if logits is not None:
+        for request, row in zip(requests, logits, strict=True):
+            request.emit(int(row.argmax()), row)
+        return []
+    aborted: list[GenRequest] = []
+    for request in requests:
+        if not any(r is request for r in engine.scheduler.running):
+            continue  # aborted above, with the request it was forked from
+        try:
+            row = engine.decode([request])[0]
+        except Exception as error:
+            request.error = error
+            aborted += abort(engine, request)
+            continue
+        request.emit(int(row.argmax()), row)
+    return aborted
     ### END SOLUTION

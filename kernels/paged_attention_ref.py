@@ -22,8 +22,9 @@ import torch
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor,
              value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write ``key``/``value`` ([num_tokens, num_kv_heads, head_dim]) into the pool at the flat
-    slots ``slot_mapping`` ([num_tokens]); a negative slot is padding and is skipped."""
+    """Write ``key``/``value`` ([num_tokens, num_kv_heads, head_dim]) into the pool, in place,
+    at the flat slots ``slot_mapping`` ([num_tokens]); every negative slot is padding and is
+    skipped."""
     ### BEGIN SOLUTION
     block_size = k_cache.shape[1]
     keep = slot_mapping >= 0
@@ -36,8 +37,9 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor,
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            scale: float) -> torch.Tensor:
-    """Attention of each sequence's one query token over its first ``seq_lens`` tokens,
-    gathered through its block table; fp32 arithmetic, output in the query's dtype."""
+    """Attention of each sequence's one query token ([num_seqs, num_q_heads, head_dim]) over
+    its first ``seq_lens`` tokens, gathered through its block table; fp32 arithmetic, output
+    [num_seqs, num_q_heads, head_dim] in the query's dtype."""
     ### BEGIN SOLUTION
     num_seqs, num_q_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -74,8 +76,10 @@ def merge_partials(m_a: torch.Tensor, l_a: torch.Tensor, acc_a: torch.Tensor,
 def blockwise_decode_attention(query: torch.Tensor, k_cache: torch.Tensor,
                                v_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int,
                                scale: float) -> torch.Tensor:
-    """One sequence's decode attention ([num_q_heads, head_dim]), one block at a time: each
-    block's partial (m, l, acc) is merged into the running one (an online softmax)."""
+    """One sequence's decode attention, one block at a time: each block's partial (m, l, acc)
+    is merged into the running one (an online softmax). ``query`` [num_q_heads, head_dim],
+    ``block_table`` [max_blocks], ``seq_len`` an int; returns [num_q_heads, head_dim] in the
+    query's dtype, fp32 arithmetic."""
     ### BEGIN SOLUTION
     num_q_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -99,8 +103,10 @@ def blockwise_decode_attention(query: torch.Tensor, k_cache: torch.Tensor,
 def decode_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """One decode step: write each sequence's new token's K/V (at position seq_len - 1, its
-    blocks already in its table), then attend over everything, that token included."""
+    """One decode step: write each sequence's new token's K/V (``key``, ``value``:
+    [num_seqs, num_kv_heads, head_dim]) at position seq_len - 1 (its blocks already in its
+    table), then attend over everything, that token included. ``query`` [num_seqs,
+    num_q_heads, head_dim]; returns [num_seqs, num_q_heads, head_dim] in the query's dtype."""
     ### BEGIN SOLUTION
     block_size = k_cache.shape[1]
     positions = seq_lens.long() - 1

@@ -40,3 +40,71 @@ def test_reservation_holds_max_len_per_request_until_its_last_token():
     assert resident == [2, 2, 2, 1, 0]
     # step 0: prompts 2 + 3; step 1: one more each; step 2: request 0 left, request 2 in
     assert stored == [5, 7, 5 + 1, 6, 0]
+
+
+# The notebook's symptom -> cause table, row by row (by its symptom's first words): the
+# mistakes it names, as mutants, and what the check it names reports for each of them.
+DEBUGGING_ROWS = {
+    "wrong tokens only in requests preempted by recompute": [
+        (8, "serve", "_recompute_from_the_prompt", "preempted by recompute")],
+    "wrong tokens after a swap": [(8, "serve", "_no_block_copies", "was not called in it"),
+                                  (8, "serve", "_copies_after_the_model", "ran after the model")],
+    "one branch goes wrong right after a fork": [
+        (8, "build_decode_batch", "_stale_tables", "stale")],
+    "NaN logits": [(8, "paged_decode_step", "_attends_before_writing", "NaN"),
+                   (6, "paged_decode_attention", "_tail_not_masked", "NaN")],
+    "every decoded token's logits a little off": [
+        (8, "paged_decode_step", "_rope_at_seq_len", "RoPE")],
+    "another sequence's K/V overwritten": [(6, "write_kv", "_writes_padding", "slot -1"),
+                                           (6, "write_kv", "_skips_only_minus_one", "padding")],
+    "free blocks shrink run after run": [
+        (8, "serve", "_leaks_finished_blocks", "never went back"),
+        (8, "abort", "_abort_keeps_gpu_blocks", "never went back"),
+        (8, "abort", "_abort_keeps_cpu_blocks", "never went back")],
+    "a request's tokens go wrong after another request is cancelled": [
+        (8, "abort", "_abort_frees_shared_blocks", "one reference")],
+    "one bad request takes the engine down": [
+        (8, "decode_surviving_faults", "_fault_escapes", "escaped"),
+        (8, "decode_surviving_faults", "_fault_aborts_the_batch", "its own decode works")],
+    "a run returns with requests missing": [
+        (8, "serve", "_returns_quietly", "returned, with requests unfinished"),
+        (8, "serve", "_stops_when_idle", "missing")],
+}
+
+
+def _debugging_table() -> dict[str, tuple[str, str]]:
+    import nbformat
+    from conftest import CHAPTERS
+
+    chapter = next(c for c in CHAPTERS if c.number == "08")
+    source = next(c.source for c in nbformat.read(chapter.source, as_version=4).cells
+                  if c.source.startswith("## ") and "symptom to cause" in c.source)
+    rows = [line.strip("| ").split(" | ") for line in source.splitlines()
+            if line.startswith("| ") and not line.startswith(("| symptom", "| ---"))]
+    return {row[0]: (row[2], row[1]) for row in rows}
+
+
+def test_debugging_table_rows_are_the_mistakes_the_named_checks_report():
+    """Each mutant fails the named TODO's visible check, else its hidden one, with a
+    message that shows the row's symptom or cause."""
+    import importlib
+
+    table = _debugging_table()
+    assert len(table) == len(DEBUGGING_ROWS)
+    for start, cases in DEBUGGING_ROWS.items():
+        symptom = next(s for s in table if s.startswith(start))
+        reported_by = table[symptom][0]
+        for number, name, mutant_name, fragment in cases:
+            assert f"check_{name}`" in reported_by, (symptom, name)
+            mutants = dict((m.__name__, m) for m, _ in
+                           importlib.import_module(f"mutants.ch{number:02d}").MUTANTS[name])
+            first = None
+            for package, suffix in (("checks", ""), ("hidden", "_thoroughly")):
+                module = importlib.import_module(f"autograder.{package}.ch{number:02d}")
+                try:
+                    getattr(module, f"check_{name}{suffix}")(mutants[mutant_name])
+                except AssertionError as failure:
+                    first = str(failure)
+                    break
+            assert first is not None, f"{mutant_name} passes check_{name} ({symptom})"
+            assert fragment in first, (symptom, mutant_name, first)

@@ -18,7 +18,10 @@ import torch
 from autograder.checks._helpers import learner_call
 from autograder.private import private, visible
 
-TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (3e-3, 1e-2)}  # (atol, rtol)
+# (atol, rtol). An fp16 output must be the exact answer rounded to fp16 (what fp32
+# arithmetic gives): within 2^-10 of it, relatively; fp16 arithmetic misses by more.
+TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-4, 2**-10)}
+LOOSE_FP16 = (3e-3, 1e-2)  # where fp16 arithmetic lands
 SEED = 2026
 
 
@@ -31,7 +34,7 @@ class PagedCase:
     """Sequences of the given lengths in a NaN-filled pool with shuffled physical blocks."""
 
     def __init__(self, lengths, block_size, q_heads, kv_heads, head_dim=16,
-                 dtype=torch.float32, seed=SEED):
+                 dtype=torch.float32, seed=SEED, *, query_scale=1.0):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         gen = torch.Generator().manual_seed(seed)
         self.lengths, self.block_size = list(lengths), block_size
@@ -56,59 +59,78 @@ class PagedCase:
                 self.v_cache[blocks[p // block_size], p % block_size] = values[p]
             self.keys.append(keys)
             self.values.append(values)
-        self.query = torch.randn(len(self.lengths), q_heads, head_dim, generator=gen).to(dtype)
+        # query_scale > 1 sharpens the softmax (large scores), where fp16 arithmetic shows
+        self.query_scale = query_scale
+        self.query = (torch.randn(len(self.lengths), q_heads, head_dim, generator=gen)
+                      * query_scale).to(dtype)
         self.scale = 1 / math.sqrt(head_dim)
         self.seq_lens = torch.tensor(self.lengths, dtype=torch.int32)
 
     def spec(self) -> dict:
         """What builds this case again: the arguments a private question is asked with."""
-        return dict(lengths=self.lengths, block_size=self.block_size, q_heads=self.q_heads,
+        spec = dict(lengths=self.lengths, block_size=self.block_size, q_heads=self.q_heads,
                     kv_heads=self.kv_heads, head_dim=self.head_dim,
                     dtype=dtype_name(self.dtype), seed=self.seed)
+        return spec | ({} if self.query_scale == 1.0 else {"query_scale": self.query_scale})
 
     def describe(self) -> str:
         return (f"lengths {self.lengths}, block size {self.block_size}, {self.q_heads} query "
-                f"heads over {self.kv_heads} KV heads, {dtype_name(self.dtype)}")
+                f"heads over {self.kv_heads} KV heads, {dtype_name(self.dtype)}"
+                + ("" if self.query_scale == 1.0 else
+                   f", queries scaled by {self.query_scale:g} (a sharp softmax)"))
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, dtype) -> bool:
-    atol, rtol = TOLERANCE[dtype]
+def _close(got: torch.Tensor, want: torch.Tensor, dtype, tolerance=None) -> bool:
+    atol, rtol = tolerance or TOLERANCE[dtype]
     return torch.allclose(got.double(), want, atol=atol, rtol=rtol)
 
 
-_ATTENTION_IDEA = ("Each query head h attends with scale x (q . k) over the sequence's first "
-                   "seq_len tokens only, using KV head h // (num_q_heads // num_kv_heads), and "
-                   "finds token t at block_tables[seq, t // block_size], offset t % block_size.")
+_ATTENTION_IDEA = ("Each query head attends over its sequence's first seq_len tokens, found "
+                   "through the block table, with scores scale x (q . k); the query heads of "
+                   "a group share one KV head.")
 
 
 def _check_attention_output(out, case: PagedCase, name: str, expected: torch.Tensor,
-                            known: Callable[[], dict]) -> None:
+                            known: Callable[[], dict], earlier: str = "") -> None:
     """``out`` against ``expected`` ([num_seqs, q_heads, head_dim], float64); ``known()``
-    gives what the known mistakes compute (``no_scale``, ``kv_head_modulo``)."""
+    gives what the known mistakes compute (``no_scale``, ``kv_head_modulo``); ``earlier``
+    names an earlier TODO the code under test calls, for a failure no diagnosis explains."""
     if not isinstance(out, torch.Tensor) or out.shape != case.query.shape:
         raise AssertionError(f"{name} on {case.describe()} returned "
                              f"{getattr(out, 'shape', type(out).__name__)}, expected a tensor of "
                              f"shape {tuple(case.query.shape)}.")
+    if out.dtype != case.query.dtype:
+        raise AssertionError(f"{name} on {case.describe()} returned {dtype_name(out.dtype)} "
+                             f"for a {dtype_name(case.query.dtype)} query: the output is in the "
+                             "query's dtype (the arithmetic in between is fp32).")
     if out.isnan().any():
         raise AssertionError(f"{name} on {case.describe()} returned NaN: garbage from slots "
-                             "past a sequence's end leaked in. Read only the first seq_len "
-                             "tokens (slice or mask them out before the softmax, not by "
-                             "multiplying by 0, since NaN x 0 is NaN). " + _ATTENTION_IDEA)
+                             "past a sequence's end leaked in (the tests fill them with NaN, "
+                             "and NaN x 0 is still NaN). Only a sequence's first seq_len "
+                             "tokens take part.")
     group = case.q_heads // case.kv_heads
     for seq in range(len(case.lengths)):
         if _close(out[seq], expected[seq], case.dtype):
             continue
-        mistakes = known()
-        hint = ""
-        if _close(out[seq], mistakes["no_scale"][seq], case.dtype):
-            hint = "It matches attention without the scale: multiply the scores by scale. "
-        elif group > 1 and _close(out[seq], mistakes["kv_head_modulo"][seq], case.dtype):
-            hint = ("It matches KV head h % num_kv_heads: the query heads of one group are "
-                    "consecutive, so query head h uses KV head h // group. ")
         error = (out[seq].double() - expected[seq]).abs().max().item()
-        raise AssertionError(f"{name} on {case.describe()}: sequence {seq} (length "
-                             f"{case.lengths[seq]}) is off by up to {error:.3g}. {hint}"
-                             + _ATTENTION_IDEA)
+        where = (f"{name} on {case.describe()}: sequence {seq} (length {case.lengths[seq]}) "
+                 f"is off by up to {error:.3g}. ")
+        mistakes = known()
+        if _close(out[seq], mistakes["no_scale"][seq], case.dtype):
+            raise AssertionError(where + "It equals attention with the scores left unscaled "
+                                 "(q . k instead of scale x (q . k)).")
+        if group > 1 and _close(out[seq], mistakes["kv_head_modulo"][seq], case.dtype):
+            raise AssertionError(
+                where + f"It equals attention where query head h reads KV head h % "
+                f"{case.kv_heads}: here the {group} query heads of a group are consecutive "
+                f"(heads {'0 and 1' if group == 2 else f'0 to {group - 1}'} share KV head 0).")
+        if case.dtype == torch.float16 and _close(out[seq], expected[seq], case.dtype,
+                                                  LOOSE_FP16):
+            raise AssertionError(where + "That is more than rounding the exact answer to fp16 "
+                                 "costs, and what arithmetic in fp16 loses on a sharp softmax: "
+                                 "scores, softmax and sums are promised in fp32.")
+        raise AssertionError(where + _ATTENTION_IDEA + (
+            f" If {earlier} fails its own test, fix that first." if earlier else ""))
 
 
 def _asked_attention(case: PagedCase) -> tuple[torch.Tensor, Callable[[], dict]]:
@@ -139,25 +161,39 @@ def _check_write(fn: Callable, ask: Callable, **case) -> None:
     gives the pool as it must be afterwards."""
     want_k, want_v = ask(**case)
     k_cache, v_cache, key, value, mapping = write_inputs(**case)
-    learner_call("write_kv", fn, k_cache, v_cache, key, value, mapping)
+    slots = case["slots"]
+    try:
+        learner_call("write_kv", fn, k_cache, v_cache, key, value, mapping)
+    except AssertionError as failure:
+        if "IndexError" in str(failure) and min(slots) < 0:
+            raise AssertionError(f"{failure}. The slot mapping {slots} holds negative slots: "
+                                 "every negative slot is padding, and padding is skipped."
+                                 ) from None
+        raise
     if torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v):
         return
-    slots, kv_heads, head_dim = case["slots"], case["kv_heads"], case["head_dim"]
-    hint = ""
-    if (k_cache.reshape(-1, kv_heads, head_dim)[-1] != 0).any() and -1 in slots:
-        hint = ("Something was written to the pool's last slot: slot -1 means padding, skip it "
-                "(Python's negative indexing would write it to the end). ")
-    raise AssertionError(f"write_kv(slot_mapping={slots}) into a pool of {case['num_blocks']} "
-                         f"blocks of {case['block_size']} left the wrong values. {hint}Slot s "
-                         "is block s // block_size, offset s % block_size; write key[i] and "
-                         "value[i] there for every slot s >= 0, and nothing else.")
+    kv_heads, head_dim = case["kv_heads"], case["head_dim"]
+    total = case["num_blocks"] * case["block_size"]
+    flat = k_cache.reshape(total, kv_heads, head_dim)
+    wanted = want_k.reshape(total, kv_heads, head_dim)
+    where = (f"write_kv(slot_mapping={slots}) into a pool of {case['num_blocks']} blocks of "
+             f"{case['block_size']} ({case['dtype']}) left the wrong values")
+    for slot in slots:
+        if -total <= slot < 0 and not torch.equal(flat[slot + total], wanted[slot + total]):
+            raise AssertionError(
+                f"{where}: slot {slot + total} was written, which Python's negative indexing "
+                f"makes of slot {slot}. Every negative slot is padding, not only -1, and "
+                "padding is skipped.")
+    wrong = sorted({s for s in range(total) if not torch.equal(flat[s], wanted[s])})
+    raise AssertionError(f"{where} at slots {wrong[:8]}. Slot s is block s // block_size, "
+                         "offset s % block_size, and token i's key and value go to its slot.")
 
 
 @visible
 def check_write_kv(fn: Callable) -> None:
-    """Four tokens into 6 blocks of 4 at slots 5, 0, -1 (padding) and 17."""
+    """Five tokens into 6 blocks of 4 at slots 5, 0, -1 (padding), 17 and -6 (padding)."""
     _check_write(fn, private("06").write_case, num_blocks=6, block_size=4, kv_heads=2,
-                 head_dim=3, slots=[5, 0, -1, 17], dtype="float32")
+                 head_dim=3, slots=[5, 0, -1, 17, -6], dtype="float32")
 
 
 # --- paged_decode_attention ------------------------------------------------------------------
@@ -173,34 +209,41 @@ def _attention(fn: Callable, case: PagedCase, expected: torch.Tensor,
 @visible
 def check_paged_decode_attention(fn: Callable) -> None:
     """Two sequences of 5 and 9 tokens, blocks of 4 shuffled in a NaN-filled pool, 4 query
-    heads over 2 KV heads."""
+    heads over 2 KV heads; then 40 and 9 tokens in fp16 with a sharp softmax."""
     case = PagedCase([5, 9], 4, 4, 2)
-    _attention(fn, case, *_asked_attention(case))
+    half = PagedCase([40, 9], 4, 4, 2, dtype="float16", query_scale=4.0)
+    asked = _asked_attention(case), _asked_attention(half)
+    _attention(fn, case, *asked[0])
+    _attention(fn, half, *asked[1])
 
 
 # --- merge_partials -------------------------------------------------------------------------
-
-_MERGE_IDEA = ("With m = max(m_a, m_b), each piece's sum and accumulator are rescaled by "
-               "exp(m_piece - m) before adding: l = l_a e^(m_a-m) + l_b e^(m_b-m), and "
-               "acc = acc_a e^(m_a-m) + acc_b e^(m_b-m).")
-
 
 def _check_merge(fn: Callable, ask: Callable, heads: int, len_a: int, len_b: int,
                  spread: float) -> None:
     """``ask`` gives the two pieces' partials and the partials of the whole."""
     a, b, whole = ask(heads=heads, len_a=len_a, len_b=len_b, spread=spread)
     merged = learner_call("merge_partials", fn, *a, *b)
-    ok = all(torch.allclose(x.double(), y, atol=1e-9, rtol=1e-9) for x, y in
-             zip(merged, whole, strict=True))
-    if ok:
-        return
-    hint = ""
-    if torch.allclose(merged[1].double(), whole[1]) and not torch.allclose(
-            merged[2].double(), whole[2]):
-        hint = "The sums are right but the accumulators are not: rescale them too. "
-    raise AssertionError(f"merge_partials of two pieces ({len_a} and {len_b} scores, spread "
-                         f"{spread}) disagrees with the partials of the whole. {hint}"
-                         + _MERGE_IDEA)
+    if not isinstance(merged, tuple | list) or len(merged) != 3:
+        raise AssertionError(f"merge_partials(...) returned {type(merged).__name__}, expected "
+                             "a tuple (m, l, acc).")
+    where = (f"merge_partials of two pieces ({len_a} and {len_b} scores, in {heads} heads, "
+             f"scores spread {spread})")
+    for name, got, want in zip(("m", "l", "acc"), merged, whole, strict=True):
+        if isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(
+                got.double(), want, atol=1e-9, rtol=1e-9):
+            continue
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            raise AssertionError(f"{where}: {name} is {getattr(got, 'shape', got)}, expected "
+                                 f"shape {tuple(want.shape)}.")
+        hint = {"m": "The merged m is the larger of the two pieces' maxima.",
+                "l": "Each piece's l was summed against its own maximum, not the merged one.",
+                "acc": "The sums l are right but acc is not: acc, like l, was summed against "
+                       "its own piece's maximum."}[name]
+        if torch.isinf(got).any() or torch.isnan(got).any():
+            hint = (f"{name} holds inf or NaN: with scores spread {spread}, exp of a score "
+                    "not shifted by a maximum overflows. ") + hint
+        raise AssertionError(f"{where}: {name} differs from the whole sequence's. {hint}")
 
 
 @visible
@@ -217,17 +260,30 @@ def _blockwise(fn: Callable, case: PagedCase, expected: torch.Tensor,
     outs = [learner_call("blockwise_decode_attention", fn, case.query[s], case.k_cache,
                          case.v_cache, case.tables[s], case.lengths[s], case.scale)
             for s in range(len(case.lengths))]
-    if not all(isinstance(o, torch.Tensor) for o in outs):
-        raise AssertionError("blockwise_decode_attention must return a tensor.")
+    shape = tuple(case.query.shape[1:])
+    for out in outs:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
+            raise AssertionError(f"blockwise_decode_attention on {case.describe()} returned "
+                                 f"{getattr(out, 'shape', type(out).__name__)}, expected a "
+                                 f"tensor of shape {shape} (one sequence's query heads).")
+        if out.dtype != case.query.dtype:
+            raise AssertionError(
+                f"blockwise_decode_attention on {case.describe()} returned "
+                f"{dtype_name(out.dtype)} for a {dtype_name(case.query.dtype)} query: the "
+                "output is in the query's dtype (the arithmetic in between is fp32).")
     _check_attention_output(torch.stack(outs), case, "blockwise_decode_attention", expected,
-                            known)
+                            known, earlier="merge_partials")
 
 
 @visible
 def check_blockwise_decode_attention(fn: Callable) -> None:
-    """One block at a time equals all at once: lengths 5 and 9, blocks of 4."""
+    """One block at a time equals all at once: lengths 5 and 9, blocks of 4; then 40 and 9
+    tokens in fp16 with a sharp softmax."""
     case = PagedCase([5, 9], 4, 4, 2)
-    _blockwise(fn, case, *_asked_attention(case))
+    half = PagedCase([40, 9], 4, 4, 2, dtype="float16", query_scale=4.0)
+    asked = _asked_attention(case), _asked_attention(half)
+    _blockwise(fn, case, *asked[0])
+    _blockwise(fn, half, *asked[1])
 
 
 # --- decode_step -----------------------------------------------------------------------------
@@ -258,7 +314,8 @@ def _steps(fn: Callable, ask: Callable, prompts, steps, block_size, q_heads, kv_
            head_dim=16) -> None:
     """Prefill prompts into the pool, then decode ``steps`` tokens with the learner's
     decode_step, each output checked against ``ask``'s: scaled_dot_product_attention over
-    the same K/V laid out contiguously."""
+    the same K/V laid out contiguously (``outputs``), and over all but the newest token
+    (``without_newest``, a known mistake)."""
     shape = dict(prompts=prompts, steps=steps, block_size=block_size, q_heads=q_heads,
                  kv_heads=kv_heads, head_dim=head_dim)
     wanted = ask(**shape)
@@ -266,15 +323,27 @@ def _steps(fn: Callable, ask: Callable, prompts, steps, block_size, q_heads, kv_
     for step, (seq_lens, query, key, value) in enumerate(inputs):
         out = learner_call("decode_step", fn, query, key, value, case.k_cache, case.v_cache,
                            case.tables, seq_lens, case.scale)
+        where = (f"decode_step, prompts of {prompts} tokens, block size {block_size}, decode "
+                 f"step {step + 1} (seq_lens {seq_lens.tolist()})")
+        if not isinstance(out, torch.Tensor) or out.shape != query.shape:
+            raise AssertionError(f"{where}: returned {getattr(out, 'shape', type(out).__name__)}"
+                                 f", expected a tensor of shape {tuple(query.shape)}.")
         for s in range(len(prompts)):
-            want = wanted[step][s]
-            if out[s].isnan().any() or not torch.allclose(out[s], want, atol=1e-5, rtol=1e-4):
-                raise AssertionError(
-                    f"decode_step, prompts {prompts}, block size {block_size}, decode step "
-                    f"{step + 1}: sequence {s} differs from scaled_dot_product_attention over "
-                    "its contiguous K/V. Write the new token's K/V at position seq_len - 1 "
-                    "(block_tables[seq, (seq_len - 1) // block_size], offset (seq_len - 1) % "
-                    "block_size) first, then attend over all seq_len tokens.")
+            want, older = wanted["outputs"][step][s], wanted["without_newest"][step][s]
+            if not out[s].isnan().any() and torch.allclose(out[s], want, atol=1e-5, rtol=1e-4):
+                continue
+            if out[s].isnan().any():
+                hint = ("It holds NaN: attention read the new token's slot while it still held "
+                        "garbage, so its K/V was not in the pool yet, or went to another slot.")
+            elif torch.allclose(out[s], older, atol=1e-5, rtol=1e-4):
+                hint = ("It equals attention over the first seq_len - 1 tokens: the new token "
+                        "did not attend to itself.")
+            else:
+                hint = ("If write_kv or paged_decode_attention fails its own test, fix that "
+                        "first; otherwise the new token's K/V went to a slot other than its "
+                        "position's, seq_len - 1.")
+            raise AssertionError(f"{where}: sequence {s} differs from "
+                                 f"scaled_dot_product_attention over its contiguous K/V. {hint}")
 
 
 @visible

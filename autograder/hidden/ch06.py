@@ -91,15 +91,22 @@ def write_case(**case) -> tuple[torch.Tensor, torch.Tensor]:
 
 @thorough
 def check_write_kv_thoroughly(fn: Callable) -> None:
-    """Random slot mappings with padding, block sizes 1 to 32, fp16."""
+    """Random slot mappings with padding (negative slots of every size: -1, small ones, one
+    that wraps to slot 0, ones past the pool's size), block sizes 1 to 32, fp16."""
     gen = torch.Generator().manual_seed(SEED)
     for block_size in (1, 8, 16, 32):
         num_blocks = 9
-        chosen = torch.randperm(num_blocks * block_size, generator=gen)[:12].tolist()
-        chosen[::5] = [-1] * len(chosen[::5])
+        total = num_blocks * block_size
+        chosen = torch.randperm(total, generator=gen)[:12].tolist()
+        padding = [-1, -2, -total, -total - 5, -int(torch.randint(3, total, (1,),
+                                                                   generator=gen))]
+        for index, slot in zip(range(0, len(chosen), 2), padding, strict=False):
+            chosen[index] = slot
         for dtype in ("float32", "float16"):
             _check_write(fn, write_case, num_blocks=num_blocks, block_size=block_size,
                          kv_heads=3, head_dim=8, slots=chosen, dtype=dtype)
+    _check_write(fn, write_case, num_blocks=4, block_size=4, kv_heads=1, head_dim=2,
+                 slots=[-3, -3, -16, 2], dtype="float32")  # padding only, and repeated
 
 
 # --- paged_decode_attention ------------------------------------------------------------------
@@ -107,13 +114,17 @@ def check_write_kv_thoroughly(fn: Callable) -> None:
 
 @thorough
 def check_paged_decode_attention_thoroughly(fn: Callable) -> None:
-    """Lengths 1, 37 and 523; block sizes 1, 8, 16, 32; heads 32/8, 8/2, 5/1, 4/4; fp16."""
-    for lengths, block_size, q, kv, dtype in [
-        ([1, 37, 523], 16, 32, 8, torch.float32), ([37, 1], 1, 8, 2, torch.float32),
-        ([523, 12], 8, 5, 1, torch.float32), ([64, 33], 32, 4, 4, torch.float32),
-        ([1, 37, 200], 16, 8, 2, torch.float16),
+    """Lengths 1, 37 and 523; block sizes 1, 8, 16, 32; heads 32/8, 8/2, 5/1, 4/4; fp16
+    outputs in fp16 and within fp16 rounding of the exact answer (sharp softmaxes, where
+    fp16 arithmetic falls short)."""
+    for lengths, block_size, q, kv, dtype, sharp in [
+        ([1, 37, 523], 16, 32, 8, torch.float32, 1.0), ([37, 1], 1, 8, 2, torch.float32, 1.0),
+        ([523, 12], 8, 5, 1, torch.float32, 1.0), ([64, 33], 32, 4, 4, torch.float32, 1.0),
+        ([1, 37, 200], 16, 8, 2, torch.float16, 1.0),
+        ([1, 37, 200], 16, 8, 2, torch.float16, 4.0), ([300, 64], 16, 4, 1, torch.float16, 8.0),
     ]:
-        _thorough_attention(_attention, fn, PagedCase(lengths, block_size, q, kv, dtype=dtype))
+        _thorough_attention(_attention, fn, PagedCase(lengths, block_size, q, kv, dtype=dtype,
+                                                      query_scale=sharp))
 
 
 # --- merge_partials -------------------------------------------------------------------------
@@ -150,31 +161,37 @@ def check_merge_partials_thoroughly(fn: Callable) -> None:
 
 @thorough
 def check_blockwise_decode_attention_thoroughly(fn: Callable) -> None:
-    """Lengths 1, 37 and 523 over block sizes 1, 8 and 32, with GQA."""
+    """Lengths 1, 37 and 523 over block sizes 1, 8 and 32, with GQA; fp16 in and out, with
+    a sharp softmax."""
     _thorough_attention(_blockwise, fn, PagedCase([1, 37, 523], 32, 8, 2))
     _thorough_attention(_blockwise, fn, PagedCase([37, 12], 1, 4, 4))
     _thorough_attention(_blockwise, fn, PagedCase([523], 8, 5, 1))
+    _thorough_attention(_blockwise, fn, PagedCase([70, 9], 16, 4, 2, dtype=torch.float16,
+                                                  query_scale=4.0))
 
 
 # --- decode_step -----------------------------------------------------------------------------
 
 
-def decode_case(prompts, steps, block_size, q_heads, kv_heads, head_dim=16) -> list:
-    """Each step's expected outputs: scaled_dot_product_attention of its query over every
-    sequence's K/V so far, laid out contiguously."""
+def decode_case(prompts, steps, block_size, q_heads, kv_heads, head_dim=16) -> dict:
+    """Each step's expected outputs (``outputs``): scaled_dot_product_attention of its query
+    over every sequence's K/V so far, laid out contiguously; and (``without_newest``) over all
+    but the token being decoded, what attending before writing it gives."""
     case, inputs = step_inputs(prompts, steps, block_size, q_heads, kv_heads, head_dim)
     group = q_heads // kv_heads
-    outputs = []
+
+    def attend(query, seq, length):
+        k = case.keys[seq][:length].repeat_interleave(group, dim=1).transpose(0, 1)  # [h,t,d]
+        v = case.values[seq][:length].repeat_interleave(group, dim=1).transpose(0, 1)
+        return torch.nn.functional.scaled_dot_product_attention(
+            query[seq][:, None, :], k, v, scale=case.scale)[:, 0, :]
+
+    outputs, without = [], []
     for seq_lens, query, _key, _value in inputs:
-        wanted = []
-        for s in range(len(prompts)):
-            length = int(seq_lens[s])
-            k = case.keys[s][:length].repeat_interleave(group, dim=1).transpose(0, 1)  # [h,t,d]
-            v = case.values[s][:length].repeat_interleave(group, dim=1).transpose(0, 1)
-            wanted.append(torch.nn.functional.scaled_dot_product_attention(
-                query[s][:, None, :], k, v, scale=case.scale)[:, 0, :])
-        outputs.append(torch.stack(wanted))
-    return outputs
+        lengths = [int(n) for n in seq_lens]
+        outputs.append(torch.stack([attend(query, s, n) for s, n in enumerate(lengths)]))
+        without.append(torch.stack([attend(query, s, n - 1) for s, n in enumerate(lengths)]))
+    return {"outputs": outputs, "without_newest": without}
 
 
 @thorough

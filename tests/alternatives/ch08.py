@@ -1,6 +1,7 @@
 """Chapter 8 solved another way: a batch built with tensor arithmetic and padded with -1, a
-decode step that writes the pool by hand, and an engine loop organised around a queue of
-arrivals that finishes requests before recording the step.
+decode step that writes the pool by hand, an engine loop organised around a queue of
+arrivals that finishes requests before recording the step, a cancel that walks the
+scheduler's queues by request id, and fault isolation by halving the failed batch.
 
 Self-contained functions (the grading tests paste them into the notebook), using only what
 the notebook imports.
@@ -67,3 +68,49 @@ def serve(engine, requests, max_steps=10_000):
         engine.record(step, plan)
         step += 1
     return done
+
+
+def abort(engine, request):
+    scheduler = engine.scheduler
+    family = {request.id} | {r.id for r in (*scheduler.waiting, *scheduler.running,
+                                             *scheduler.swapped)
+                             if r.branch and r.parent == request.id}
+    if request.branch:
+        family = {request.id}
+    out = []
+    for queue, manager in ((scheduler.running, scheduler.gpu),
+                           (scheduler.swapped, scheduler.cpu), (scheduler.waiting, None)):
+        keep = [r for r in queue if r.id not in family]
+        out += [r for r in queue if r.id in family]
+        for r in queue:
+            if r.id in family and manager is not None:
+                manager.free(r.id)
+        queue.clear()
+        queue.extend(keep)
+    return out
+
+
+def decode_surviving_faults(engine, requests):
+    """Halves a failing batch until each failure is down to one request."""
+    aborted = []
+
+    def attempt(group):
+        group = [r for r in group if any(r is other for other in engine.scheduler.running)]
+        if not group:
+            return
+        try:
+            rows = engine.decode(group)
+        except Exception as error:
+            if len(group) == 1:
+                group[0].error = error
+                aborted.extend(abort(engine, group[0]))
+                return
+            middle = len(group) // 2
+            attempt(group[:middle])
+            attempt(group[middle:])
+            return
+        for request, row in zip(group, rows, strict=True):
+            request.emit(int(torch.argmax(row)), row)
+
+    attempt(list(requests))
+    return aborted
