@@ -61,6 +61,44 @@ def test_test_cells_let_run_all_go_on_past_a_failing_test(path):
     assert not untagged, f"test cells without the raises-exception tag: {untagged}"
 
 
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_a_demonstration_is_no_graded_or_answer_cell_and_defines_nothing_used_after_it(chapter):
+    """Cells tagged ``demo`` are left out of graded runs (``autograde.without_demonstrations``):
+    no test or answer may be one, or use a name only a demonstration defines."""
+    import ast
+
+    notebook = nbformat.read(chapter.source, as_version=4)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    demos = [c for c in code if "demo" in c.metadata.get("tags", [])]
+    assert not [c for c in demos if c.metadata.get("nbgrader", {}).get("grade")
+                or c.metadata.get("nbgrader", {}).get("solution")]
+
+    def names(cell, kind):
+        """The cell's global names of ``kind`` (Store or Load), not the locals of its
+        functions and comprehensions."""
+        found, todo = set(), list(ast.parse(cell.source).body)
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.Name) and isinstance(node.ctx, kind):
+                found.add(node.id)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and kind is ast.Store:
+                found |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found |= {node.name} if kind is ast.Store else set()
+                todo += node.decorator_list
+            elif not isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                                       ast.GeneratorExp)):
+                todo += ast.iter_child_nodes(node)
+        return found
+
+    defined_elsewhere = set().union(*(names(c, ast.Store) for c in code if c not in demos))
+    only_in_demos = set().union(set(), *(names(c, ast.Store) for c in demos)) - defined_elsewhere
+    used = {(name, c.metadata.get("nbgrader", {}).get("grade_id") or index)
+            for index, c in enumerate(code) if c not in demos
+            for name in names(c, ast.Load) & only_in_demos}
+    assert not used, f"cells use names only a demonstration defines: {sorted(used)}"
+
+
 @pytest.mark.pipeline
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_unfilled_exercise_fails_only_in_its_test_cells(chapter, tmp_path):
