@@ -189,16 +189,10 @@ _MISTAKES = {
 
 def _diagnose(out: torch.Tensor, case: KernelCase, bad: list[int], known: dict,
               audit: Callable[[], str]) -> str:
-    """What a wrong output matches, as a hint: a sequence of length 0, a known mistake (the
-    first whose output agrees on every wrong sequence), what the interpreter saw the kernel
-    do (``audit()``), or NaN."""
+    """What a wrong output matches, as a hint: a known mistake (the first whose output agrees
+    on every wrong sequence), what the interpreter saw the kernel do (``audit()``), a
+    sequence of length 0, or NaN."""
     got = out.detach().cpu()
-    empty = [s for s in bad if case.lengths[s] == 0]
-    if empty:
-        value = "NaN" if got[empty[0]].isnan().any() else "nonzero values"
-        return (f"Sequence {empty[0]} has length 0 and got {value}: with no token to attend "
-                "to, the softmax's sum is 0 (0 / 0 is NaN); a sequence of length 0 gets "
-                "zeros. ")
     for mistake, hint in _MISTAKES.items():
         wrong = known.get(mistake)
         if wrong is None or all(wrong[s].isnan().all() for s in bad):
@@ -208,6 +202,12 @@ def _diagnose(out: torch.Tensor, case: KernelCase, bad: list[int], known: dict,
     seen = audit()
     if seen:
         return seen + ". "
+    empty = [s for s in bad if case.lengths[s] == 0]
+    if empty:
+        value = "NaN" if got[empty[0]].isnan().any() else "nonzero values"
+        return (f"Sequence {empty[0]} has length 0 and got {value}: with no token to attend "
+                "to, the softmax's sum is 0 (0 / 0 is NaN); a sequence of length 0 gets "
+                "zeros. ")
     nan = [s for s in bad if got[s].isnan().any()]
     whole = [s for s in nan if case.lengths[s] % case.block_size == 0]
     if nan and not whole:
@@ -491,15 +491,18 @@ def split_audit(audit: MemoryAudit, case: KernelCase, partials, num_splits: int
 
 
 def _split(fn: Callable, case: KernelCase, num_splits: int, want: dict):
-    """The learner's partials against ``want`` (float64 ``m``, ``l``, ``acc`` per (seq,
-    query head, split), and ``empty``: the splits that cover no token); then what the
-    interpreter saw; returns them."""
+    """What the interpreter saw the learner's split kernel do, then its partials against
+    ``want`` (float64 ``m``, ``l``, ``acc`` per (seq, query head, split), and ``empty``: the
+    splits that cover no token); returns them."""
     name = "split_kv_kernel"
     with MemoryAudit() as audit, quiet():
         partials = learner_call(name, run_split_kernel, fn, *case.arguments(), num_splits)
+    where = f"{name}(...) on {case.describe()}, {num_splits} splits"
+    seen = split_audit(audit, case, partials, num_splits)()
+    if seen:  # what the kernel was seen doing names the cause best
+        raise AssertionError(f"{where}: {seen}.")
     got_m, got_l, got_acc = (t.double().cpu() for t in partials)
     atol, rtol = _tolerance(case.dtype)
-    where = f"{name}(...) on {case.describe()}, {num_splits} splits"
     for seq in range(len(case.lengths)):
         for split in range(num_splits):
             for head in range(case.q_heads):
@@ -529,9 +532,6 @@ def _split(fn: Callable, case: KernelCase, num_splits: int, want: dict):
                             f"{at}: {label} is wrong (off by up to "
                             f"{(got - expected).abs().nan_to_num(float('inf')).max().item():.3g}"
                             f"). {hint}" + _SPLIT_IDEA)
-    seen = split_audit(audit, case, partials, num_splits)()
-    if seen:
-        raise AssertionError(f"{where} returned the right partials, but {seen}.")
     return partials
 
 

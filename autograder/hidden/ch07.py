@@ -282,7 +282,8 @@ def check_gqa_kernel_thoroughly(fn: Callable) -> None:
 def check_paged_attention_kernel_thoroughly(fn: Callable) -> None:
     """Lengths 0, 1, 37 and 523; block sizes 1 to 32; heads 32/8, 8/2, 5/1, 4/4 and the real
     configurations of Phi-2 (32 of 80), Phi-3-mini (32 of 96), Falcon-7B (71/1 of 64) and
-    Gemma-2-9B (16/8 of 256), head sizes 40 and 112; fp16; compiled for an A100."""
+    Gemma-2-9B (16/8 of 256), head size 40 in groups of 3 (padded to 4), head size 112;
+    fp16; compiled for an A100."""
     for lengths, block_size, q, kv, dim, dtype in [
             ([1, 37, 523, 0], 16, 32, 8, 16, torch.float32),
             ([37, 1], 1, 8, 2, 16, torch.float32),
@@ -293,7 +294,7 @@ def check_paged_attention_kernel_thoroughly(fn: Callable) -> None:
             ([33, 5], 16, 32, 32, 96, torch.float32),
             ([20, 3, 0], 16, 71, 1, 64, torch.float16),
             ([33, 0], 16, 16, 8, 256, torch.float16),
-            ([9, 3, 8], 4, 8, 8, 40, torch.float32),
+            ([9, 3, 8], 4, 12, 4, 40, torch.float32),
             ([20, 16], 16, 16, 2, 112, torch.float16)]:
         _thorough_kernel(fn, "paged_attention_kernel",
                          _case(lengths, block_size, q, kv, dim, dtype), per_query_head=False)

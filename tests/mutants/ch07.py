@@ -19,6 +19,7 @@ from autograder.checks.ch07 import on_gpu
 from kernels import paged_attention as final
 from kernels import paged_attention_steps as steps
 from kernels import split_kv
+from kernels.split_kv import run_split_kv
 
 _FOLDER = Path(tempfile.mkdtemp(prefix="ch07-mutants-"))
 
@@ -38,13 +39,18 @@ def _mutant(kernel, name: str, old: str, new: str):
 
 def _skips_validation(query, k_cache, v_cache, block_tables, seq_lens, scale, num_splits=None,
                       validate=True):
-    return final.launch(final.paged_attention_kernel, query, k_cache, v_cache, block_tables,
-                        seq_lens, scale)
+    return final.paged_attention(query, k_cache, v_cache, block_tables, seq_lens, scale,
+                                 num_splits, validate=False)
 
 
 def _bf16_on_the_interpreter(query, k_cache, v_cache, block_tables, seq_lens, scale,
                              num_splits=None, validate=True):
-    final.validate_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale, num_splits)
+    if validate:
+        final.validate_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale,
+                              num_splits)
+    if num_splits and num_splits > 1:
+        return run_split_kv(final.split_kv_kernel, final.merge_splits_kernel, query, k_cache,
+                            v_cache, block_tables, seq_lens, scale, num_splits)
     return final.launch(final.paged_attention_kernel, query, k_cache, v_cache, block_tables,
                         seq_lens, scale)
 
