@@ -6,7 +6,8 @@ configuration the grader writes, and the one ``course-dir`` writes for nbgrader'
 
 1. ``course.setup()``: Triton's mode is chosen before any kernel is defined, and the library
    is told that the notebook is being graded (animations and heavy plots skip themselves);
-2. ``guard.arm()``: the checks, and what they rely on, are recorded (``autograder.guard``);
+2. ``guard.arm()``: the chapter's checks, and what they rely on, are recorded
+   (``autograder.guard``);
 3. every answer of the chapter being graded becomes a tripwire (``autograder.borrowing``);
    the chapter is named by ``KV_COURSE_CHAPTER``, else by the kernel's working folder, which
    nbgrader names after the assignment (``autograded/<learner>/<NN_slug>/``);
@@ -19,29 +20,36 @@ The library knows nothing of this: grading concerns stay in ``autograder``.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 ARM = "__import__('autograder.arming').arming.arm()"
+TIMINGS = "KV_COURSE_TIMINGS"  # a file for the kernel's start and arming times
 KERNEL_ARGUMENTS = [f"--IPKernelApp.exec_lines={ARM}"]
 
 
 def arm(chapter: str | None = None) -> None:
+    started = time.time()
     import course
+
+    course.setup(quiet=True)  # first: Triton's mode is read when it is imported
     from autograder import borrowing, guard
     from course.notebook import being_graded
 
-    course.setup(quiet=True)
     being_graded()
-    guard.arm()
     slug = chapter or os.environ.get("KV_COURSE_CHAPTER") or Path.cwd().name
+    guard.arm(slug)
     install_tripwires(slug)
     from IPython import get_ipython
 
     shell = get_ipython()
     if shell is not None:
         shell.events.register("pre_run_cell", lambda *_: borrowing.leaving_test())
+    if os.environ.get(TIMINGS):  # where the grader's breakdown of a notebook's time is kept
+        Path(os.environ[TIMINGS]).write_text(json.dumps([started, time.time()]))
 
 
 def install_tripwires(slug: str) -> list[str]:

@@ -1,12 +1,20 @@
-"""Grading throughput: notebooks graded per minute for a synthetic class.
+"""Grading throughput: notebooks graded per minute for a synthetic class, and where one
+notebook's time goes.
 
-    python -m autograder.bench [--learners 50] [--jobs 1 2] [--sandbox auto|on|off]
+    python -m autograder.bench [--learners 50] [--jobs 1 2] [--dask local:2] [--sandbox auto|on|off]
+    python -m autograder.bench --breakdown [--repeat 3] [--sandbox auto|on|off]
 
 Learner i hands in chapter i mod (number of chapters): correct (the course's solutions),
 partial (the first half of the TODOs solved) or broken (an endless loop, a syntax error or a
 crashing kernel in the last TODO), in turn. Each ``--jobs`` value grades the whole class with
 ``grade-all`` from scratch (a fresh gradebook, per-cell limit 20 s, ``--sandbox`` as given)
-and prints notebooks per minute.
+and prints notebooks per minute; so does each ``--dask`` address (``local:N``: N worker
+processes on this machine).
+
+``--breakdown`` grades each chapter's solution notebook alone (``--repeat`` times, the median
+kept) and prints where its time went (``autograde.breakdown``): copying its course, nbgrader
+and the kernel starting, the imports and set-up before the first cell, the notebook's own
+cells, the test cells, nbgrader after the last cell; and the part that is not the tests.
 """
 
 from __future__ import annotations
@@ -41,33 +49,101 @@ def synthetic_class(folder: Path, learners: int) -> None:
         nbformat.write(notebook, path)
 
 
+def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
+    """Chapter -> part -> seconds (the median of ``repeat`` gradings of its solution)."""
+    import statistics
+
+    from autograder.autograde import Grader, Job, Limits
+    from course.runtime import detect
+
+    grader = Grader(Limits(sandbox=sandbox), detect().label)
+    found = {}
+    for chapter in chapters().values():
+        source = chapter.source.read_text(encoding="utf-8")
+        grader.template(chapter.name, source)  # released before timing, as grade-all does
+        runs = [grader.autograde(Job(chapter.name, source, "learner", str(chapter.source),
+                                     nbformat.reads(source, as_version=4))).timings
+                for _ in range(repeat)]
+        found[chapter.name] = {part: statistics.median(run[part] for run in runs)
+                               for part in runs[0]}
+    return found
+
+
+def _breakdown_table(found: dict[str, dict[str, float]]) -> str:
+    parts = list(next(iter(found.values())))
+    lines = [f"{'chapter':<38}" + "".join(f"{p[:14]:>15}" for p in parts) + f"{'not tests':>11}"]
+    for chapter, times in found.items():
+        fixed = sum(v for p, v in times.items() if p != "test cells")
+        lines.append(f"{chapter:<38}" + "".join(f"{times[p]:>15.2f}" for p in parts)
+                     + f"{fixed:>11.2f}")
+    mean = {p: sum(t[p] for t in found.values()) / len(found) for p in parts}
+    fixed = sum(v for p, v in mean.items() if p != "test cells")
+    lines.append(f"{'mean':<38}" + "".join(f"{mean[p]:>15.2f}" for p in parts)
+                 + f"{fixed:>11.2f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--breakdown", action="store_true",
+                        help="where one notebook's time goes, per chapter (seconds)")
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--learners", type=int, default=50)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                         help="grade-all's --sandbox (default: auto)")
+    parser.add_argument("--dask", nargs="*", default=[], metavar="ADDRESS",
+                        help="also grade the class on these Dask clusters (grade-all's --dask, "
+                        "for example local:2)")
     args = parser.parse_args(argv)
+    if args.breakdown:
+        import course
+        from autograder.sandbox import probe
+
+        course.setup(quiet=True)
+        sandbox = args.sandbox == "on" or (args.sandbox == "auto" and probe() is None)
+        print(f"seconds per notebook, median of {args.repeat}; `python -m autograder.bench "
+              f"--breakdown --repeat {args.repeat} --sandbox {args.sandbox}` (sandbox "
+              f"{'on' if sandbox else 'off'})")
+        print(_breakdown_table(breakdown(args.repeat, sandbox)))
+        return 0
     with tempfile.TemporaryDirectory(prefix="kv-course-bench-") as scratch:
         uploads = Path(scratch) / "uploads"
         synthetic_class(uploads, args.learners)
         print(f"{args.learners} learners, chapters and kinds in turn; "
               f"`python -m autograder.bench --learners {args.learners} --sandbox "
               f"{args.sandbox}`")
-        for jobs in args.jobs:
-            run = Path(scratch) / f"jobs-{jobs}"
+        runs = [("--jobs", str(jobs)) for jobs in args.jobs]
+        runs += [("--dask", address) for address in args.dask]
+        for number, (option, value) in enumerate(runs):
+            run = Path(scratch) / f"run-{number}"
             run.mkdir()
             started = time.monotonic()
             done = subprocess.run(
-                [sys.executable, "-m", "autograder", "grade-all", str(uploads), "--jobs",
-                 str(jobs), "--cell-timeout", "20", "--sandbox", args.sandbox], cwd=run,
+                [sys.executable, "-m", "autograder", "grade-all", str(uploads), option, value,
+                 "--cell-timeout", "20", "--sandbox", args.sandbox], cwd=run,
                 capture_output=True, text=True)
             minutes = (time.monotonic() - started) / 60
             rows = (run / "grades.csv").read_text().count("\n") - 1
-            print(f"--jobs {jobs}: {args.learners} notebooks in {minutes * 60:.0f} s = "
+            print(f"{option} {value}: {args.learners} notebooks in {minutes * 60:.0f} s = "
                   f"{args.learners / minutes:.1f} notebooks per minute ({rows} gradebook "
                   f"rows, exit code {done.returncode})")
+            if (option, value) == ("--jobs", "1"):
+                print(_projection(args.learners / minutes))
     return 0
+
+
+def _projection(per_worker: float, chapters: int = 8) -> str:
+    """Hours for whole classes (every learner hands in every chapter) on N workers that each
+    grade at ``per_worker`` notebooks per minute, as one core here did with ``--jobs 1``: a
+    projection, assuming each worker has a core of its own and the scheduler is not the limit."""
+    lines = [f"  projected, at {per_worker:.1f} notebooks per minute per worker "
+             f"(hours for {chapters} chapters each):"]
+    for learners in (300, 10_000):
+        lines.append(f"    {learners:>6} learners: " + ", ".join(
+            f"{learners * chapters / (per_worker * workers) / 60:.1f} h on {workers} "
+            f"worker{'s' * (workers > 1)}" for workers in (1, 16, 64)))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -20,20 +20,27 @@ notebook intends. Code that merely resembles the course's is not flagged; it is 
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+
+def _folder(package: str) -> str:
+    """A package's folder, found without importing it: Triton must not be imported before
+    ``course.setup()`` has chosen its mode."""
+    spec = importlib.util.find_spec(package)
+    return str(Path(spec.origin).parent) + "/" if spec and spec.origin else "/nonexistent/"
+
+
 # The course's own code: a tripwire may be called from here in a test (the library using its
 # own answers, the checks using their oracles); from anywhere else, it was borrowed.
-_OWN = tuple(str(Path(__import__(package).__file__).parent) + "/"
-             for package in ("course", "kernels", "autograder"))
+_OWN = tuple(_folder(package) for package in ("course", "kernels", "autograder"))
 # A kernel is launched by the course's launchers (kernels/) and Triton itself: who launched it
 # is the first caller outside them.
-_LAUNCHERS = (str(Path(__import__("kernels").__file__).parent) + "/",
-              str(Path(__import__("triton").__file__).parent) + "/")
+_LAUNCHERS = (_folder("kernels"), _folder("triton"))
 
 _STATE = {"in_test": False}
 
@@ -87,6 +94,13 @@ class _KernelTripwire:
             return launch(*args, **kwargs)
 
         return launched
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Called from inside another kernel (the interpreter runs kernels as Python): that
+        kernel is the caller, so a learner's kernel that calls the course's is borrowing."""
+        if _STATE["in_test"] and not _called_by_the_course(_launcher(sys._getframe(1))):
+            raise BorrowedAnswer(_message(self.__kv_tripwire__))
+        return self._original(*args, **kwargs)
 
 
 def _launcher(frame: Any) -> Any:

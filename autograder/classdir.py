@@ -67,7 +67,7 @@ def write_course_dir(root: Path, selected: list[Chapter], course_id: str = COURS
     """Set up (or add chapters to) an nbgrader course directory; return what was written.
     A chapter already in ``source/`` is left as the class has it."""
     from autograder.arming import KERNEL_ARGUMENTS
-    from autograder.pipeline import WARNING_ON_STDERR
+    from autograder.autograde import WARNING_ON_STDERR
 
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)

@@ -1,105 +1,73 @@
 """Grading a whole class into its gradebook: every submission found gets exactly one row.
 
-    found (``submissions.collect``) -> read and recognised -> graded, or reused when its
-    content is unchanged since it was graded -> gradebook -> CSV, JSON, feedback pages
+    found (``layouts.collect``) -> read and recognised (``submission.read``) -> graded
+    (``autograde``, by a pool of threads or a Dask cluster), or reused when its content is
+    unchanged since it was graded -> gradebook -> CSV, JSON, feedback pages
 
 A submission is keyed by (learner, chapter). A file that cannot be graded (damaged, two files
 for one learner and chapter, a path that names no learner, a notebook whose content is
 another chapter than its name says) is not graded, keeps whatever grade the gradebook held,
 and gets a row, a JSON entry, a feedback page where the learner is known, and an error line.
+Only this process writes the gradebook, the state file and the feedback pages.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as dt
-import hashlib
 import json
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
-
-from autograder.chapters import Chapter, NotGradable, load_submission, recognise
+from autograder.autograde import Grader, Outcome, generate
+from autograder.chapters import Chapter, NotGradable
+from autograder.feedback import write_feedback
 from autograder.gradebook import ClassGradebook
-from autograder.pipeline import Grader, generate
+from autograder.layouts import Found, Problem
 from autograder.report import NotebookResult
 from autograder.restore import Unmatched
-from autograder.submissions import Problem, Submission
+from autograder.submission import Submission, read
+
+# What grades the submissions: given the jobs, it yields (index, outcome or the exception that
+# made it not gradable) as each ends. A pool of threads here, or a Dask cluster.
+Runner = Callable[[Grader, list], Iterator[tuple[int, "Outcome | Exception"]]]
 
 
-@dataclass
-class Graded:
-    """One file's way through grading."""
+def threads(jobs: int) -> Runner:
+    """Grade ``jobs`` submissions at a time in this process's threads."""
 
-    origin: str
-    learner: str
-    chapter: str  # as its location names it (or its content, where the name says nothing)
-    timestamp: dt.datetime | None
-    path: Path | None = None
-    digest: str = ""
-    notebook: nbformat.NotebookNode | None = None
-    target: Chapter | None = None  # what it is graded as
-    result: NotebookResult | None = None
-    reused: bool = False  # unchanged since it was last graded
+    def run(grader: Grader, work: list) -> Iterator[tuple[int, Outcome | Exception]]:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = {pool.submit(grader.autograde, job): index
+                       for index, job in enumerate(work)}
+            for future in as_completed(futures):
+                try:
+                    yield futures[future], future.result()
+                except (NotGradable, Unmatched) as exc:
+                    yield futures[future], exc
 
-    def refuse(self, message: str) -> None:
-        self.result = NotebookResult(self.origin, self.chapter, "", [], self.learner,
-                                     _iso(self.timestamp), message)
+    return run
 
 
-def read(entries: list[Graded], known: dict[str, Chapter]) -> None:
-    """Read each file and decide what it is graded as; refuse what cannot be graded."""
-    for entry in entries:
-        if entry.result is not None:
-            continue
-        try:
-            entry.notebook = load_submission(entry.path, entry.origin)
-        except NotGradable as exc:
-            entry.refuse(str(exc).removeprefix(f"{entry.origin}: "))
-            continue
-        entry.digest = hashlib.sha256(entry.path.read_bytes()).hexdigest()
-        actual = recognise(entry.notebook, known)
-        named = known.get(entry.chapter)
-        if actual is None and named is None:
-            entry.refuse(f"not a notebook of this course's chapters ({', '.join(known)})")
-        elif actual is not None and named is not None and actual != named:
-            entry.refuse(f"this is the notebook of {actual.name} (its cells say so), handed in "
-                         f"as {named.name}; it was not graded as either: hand in "
-                         f"{named.name}'s notebook under that name")
+def grade(submissions: list[Submission], grader: Grader, runner: Runner,
+          on_result: Callable[[Submission], None] = lambda submission: None) -> None:
+    """Grade every submission that has a target and no result yet; call ``on_result`` (in
+    this thread) as each one ends."""
+    todo = [s for s in submissions if s.result is None and s.target is not None]
+    for chapter in {s.target.name: s.target for s in todo}.values():
+        grader.template(chapter.name, chapter.source.read_text(encoding="utf-8"))
+    for index, outcome in runner(grader, [s.job() for s in todo]):
+        submission = todo[index]
+        if isinstance(outcome, Exception):
+            submission.refuse(str(outcome))
         else:
-            entry.target = named or actual
-            entry.chapter = entry.target.name
-
-
-def grade(entries: list[Graded], grader: Grader, jobs: int,
-          on_result: Callable[[Graded], None] = lambda entry: None,
-          feedback: Path | None = None) -> None:
-    """Grade every entry that has a target and no result yet, ``jobs`` at a time; call
-    ``on_result`` (in this thread) as each one ends."""
-    todo = [e for e in entries if e.result is None and e.target is not None]
-    for chapter in {e.target.name: e.target for e in todo}.values():
-        grader.prepare(chapter)  # once per chapter, before the threads start
-
-    def one(entry: Graded) -> NotebookResult:
-        page = feedback_page(feedback, entry.learner, entry.chapter) if feedback else None
-        result = grader.autograde(entry.target, entry.learner, entry.notebook, entry.origin,
-                                  page)
-        result.timestamp = _iso(entry.timestamp)
-        return result
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(one, entry): entry for entry in todo}
-        for future in as_completed(futures):
-            entry = futures[future]
-            try:
-                entry.result = future.result()
-            except (NotGradable, Unmatched) as exc:
-                entry.refuse(str(exc))
-            on_result(entry)
+            submission.result, submission.executed = outcome.result, outcome.executed
+            submission.result.timestamp = submission.when
+        on_result(submission)
 
 
 @dataclass
@@ -112,17 +80,17 @@ class ClassRun:
     state: Path
     csv: Path
     feedback: Path
+    runner: Runner
     json: Path | None = None
-    jobs: int = 1
 
 
-def grade_class(run: ClassRun, submissions: list[Submission], problems: list[Problem],
-                progress: bool = True) -> list[Graded]:
-    """Grade a class (see the module's docstring); return every entry, in a stable order."""
-    entries = [Graded(s.origin, s.learner, s.chapter, s.timestamp, s.path)
-               for s in submissions]
+def grade_class(run: ClassRun, found: list[Found], problems: list[Problem],
+                progress: bool = True) -> list[Submission]:
+    """Grade a class (see the module's docstring); return every submission, in a stable
+    order."""
+    entries = [Submission(f.origin, f.learner, f.chapter, f.timestamp, f.path) for f in found]
     for problem in problems:
-        entry = Graded(problem.origin, problem.learner, problem.chapter, problem.timestamp)
+        entry = Submission(problem.origin, problem.learner, problem.chapter, problem.timestamp)
         entry.refuse(problem.message)
         entries.append(entry)
     read(entries, run.known)
@@ -131,28 +99,33 @@ def grade_class(run: ClassRun, submissions: list[Submission], problems: list[Pro
         before = state.get(_key(entry))
         if entry.result is None and before and before["sha256"] == entry.digest:
             entry.result = NotebookResult.from_json(before["result"])
-            entry.result.notebook, entry.result.timestamp = entry.origin, _iso(entry.timestamp)
+            entry.result.notebook, entry.result.timestamp = entry.origin, entry.when
             entry.reused = True
     for chapter in {e.target.name: e.target for e in entries if e.target}.values():
         if not run.book.is_registered(chapter.name):
-            generate(run.grader.scratch / "register" / chapter.name, chapter, run.book.db_url,
-                     run.grader.limits, run.grader.course_id)
+            with tempfile.TemporaryDirectory(prefix="kv-course-register-") as scratch:
+                generate(Path(scratch), chapter.name,
+                         chapter.source.read_text(encoding="utf-8"), run.book.db_url,
+                         run.grader.limits, run.grader.course_id)
     for entry in entries:  # a resubmission's new time is recorded even when not regraded
         if entry.reused:
             _record(run.book, entry)
     todo = sum(e.result is None and e.target is not None for e in entries)
     done = [0]
 
-    def on_result(entry: Graded) -> None:
+    def on_result(entry: Submission) -> None:
         if entry.result.graded:
             _record(run.book, entry)
             state[_key(entry)] = {"sha256": entry.digest, "result": entry.result.to_json()}
             _save_state(run.state, state)
+            if entry.executed is not None:
+                write_feedback(entry.executed, entry.result,
+                               feedback_page(run.feedback, entry.learner, entry.chapter))
         done[0] += 1
         if progress:
             _progress(done[0], todo, entry)
 
-    grade(entries, run.grader, run.jobs, on_result, run.feedback.resolve())
+    grade(entries, run.grader, run.runner, on_result)
     for entry in entries:
         if not entry.result.graded:
             if entry.learner:
@@ -173,12 +146,12 @@ def feedback_page(folder: Path, learner: str, chapter: str) -> Path:
     return folder / learner / chapter / f"{chapter}.html"
 
 
-def _record(book: ClassGradebook, entry: Graded) -> None:
+def _record(book: ClassGradebook, entry: Submission) -> None:
     book.record(entry.learner, entry.chapter, {t.id: t.points for t in entry.result.tests},
                 entry.timestamp)
 
 
-def _key(entry: Graded) -> str:
+def _key(entry: Submission) -> str:
     return json.dumps([entry.learner, entry.chapter])
 
 
@@ -194,11 +167,11 @@ def _save_state(path: Path, state: dict) -> None:
     path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _iso(stamp: dt.datetime | None) -> str:
+def _iso(stamp: dt.datetime | None) -> str:  # the gradebook's times
     return stamp.isoformat(sep=" ") if stamp else ""
 
 
-def write_csv(destination: Path, book: ClassGradebook, entries: list[Graded]) -> None:
+def write_csv(destination: Path, book: ClassGradebook, entries: list[Submission]) -> None:
     """Every grade in the gradebook, then every file of this run that was not graded.
 
     Columns: student_id, assignment, timestamp, score, max_score (as ``nbgrader export``
@@ -216,11 +189,11 @@ def write_csv(destination: Path, book: ClassGradebook, entries: list[Graded]) ->
                           f"{row.max_score:g}", status, entry.origin if entry else "", ""])
         for entry in entries:
             if not entry.result.graded:
-                out.writerow([entry.learner, entry.chapter, _iso(entry.timestamp), "", "",
+                out.writerow([entry.learner, entry.chapter, entry.when, "", "",
                               "not graded", entry.origin, entry.result.error])
 
 
-def _refusal_page(entry: Graded, destination: Path) -> None:
+def _refusal_page(entry: Submission, destination: Path) -> None:
     import html
 
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +204,7 @@ def _refusal_page(entry: Graded, destination: Path) -> None:
         "</body></html>\n", encoding="utf-8")
 
 
-def _progress(done: int, total: int, entry: Graded) -> None:
+def _progress(done: int, total: int, entry: Submission) -> None:
     width = 30
     total = max(total, 1)
     bar = "#" * (width * done // total) + "." * (width - width * done // total)

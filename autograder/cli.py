@@ -3,7 +3,7 @@
     python -m autograder grade NOTEBOOK... [--json FILE] [--jobs N] [--sandbox auto|on|off]
     python -m autograder grade-all DIR|ZIP [--course-dir DIR] [--db URL] [--csv FILE]
                                    [--json FILE] [--jobs N] [--feedback DIR] [--state FILE]
-                                   [--sandbox auto|on|off]
+                                   [--sandbox auto|on|off] [--dask ADDRESS|local:N]
     python -m autograder course-dir DIR [--chapters 1-3] [--course-id ID] [--exchange DIR]
     python -m autograder release
     python -m autograder repository URL
@@ -11,10 +11,11 @@
 ``grade-all`` takes nbgrader's ``submitted/`` folder (or the course directory holding it), a
 folder of ``<learner>/<NN_slug>.ipynb``, or a zip of uploads from a learning platform in
 either layout or with flat files named ``<learner>_<NN_slug>.ipynb`` (see
-``autograder.submissions``). It grades N submissions at a time, shows progress, writes every
+``autograder.layouts``). It grades N submissions at a time, shows progress, writes every
 learner's feedback page, a CSV row for every grade and every file not graded (and JSON), and
 resumes: a submission whose content is unchanged since it was last graded (by SHA-256, kept
-per learner and chapter in the state file) is not graded again.
+per learner and chapter in the state file) is not graded again. With ``--dask`` the
+notebooks are graded on a Dask cluster's workers instead (``autograder.cluster``).
 
 Both grading commands run every notebook in a bubblewrap sandbox (``autograder.bubblewrap``)
 unless told ``--sandbox off``; where bwrap is missing or cannot make the sandbox, they stop
@@ -31,8 +32,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from autograder.autograde import Grader, Limits
 from autograder.chapters import chapters, class_chapters
-from autograder.pipeline import Grader, Limits
 from autograder.report import NotebookResult, format_report
 
 
@@ -73,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
                         metavar="FILE", help="what was graded, by content hash, for resuming "
                         "(default: grading-state.json)")
     _limits(class_, default_jobs=os.cpu_count() or 1)
+    class_.add_argument("--dask", metavar="ADDRESS",
+                        help="grade on a Dask cluster instead of this process's threads: its "
+                        "scheduler's address (tcp://HOST:8786; workers run the course's "
+                        "image), or local:N for N worker processes on this machine (needs "
+                        "the `cluster` extra: pip install '.[cluster]')")
 
     setup = commands.add_parser("course-dir", help="set up a class's nbgrader course "
                                 "directory: source/ from the solutions, nbgrader_config.py")
@@ -175,22 +181,22 @@ def _finish(results: list[NotebookResult]) -> int:
 
 def _grade_notebooks(args: argparse.Namespace) -> int:
     """A self-learner's grading: each notebook on its own, in a throwaway gradebook."""
-    from autograder.classroom import Graded, grade, read
-    from autograder.submissions import split_name
+    from autograder.classroom import grade, threads
+    from autograder.layouts import split_name
+    from autograder.submission import Submission, read
 
     known = chapters()
-    entries = []
-    for path in args.notebooks:
+    submissions = []
+    for index, path in enumerate(args.notebooks):
         named = split_name(path.name, known)
-        entries.append(Graded(str(path), "", named[1] if named else "", None, path))
-    read(entries, known)
-    with tempfile.TemporaryDirectory(prefix="kv-course-grade-") as scratch:
-        for index, entry in enumerate(entries):
-            entry.learner = f"learner-{index + 1:03d}"  # nbgrader needs one
-        grade(entries, Grader(Path(scratch), _limits_of(args), _runtime_label()), args.jobs)
-    results = [entry.result for entry in entries]
+        # nbgrader needs a learner: a self-learner's own notebook is no one's in the reports
+        submissions.append(Submission(str(path), f"learner-{index + 1:03d}",
+                                      named[1] if named else "", None, path))
+    read(submissions, known)
+    grade(submissions, Grader(_limits_of(args), _runtime_label()), threads(args.jobs))
+    results = [submission.result for submission in submissions]
     for result in results:
-        result.learner = ""  # no one's: a self-learner's own notebook
+        result.learner = ""
     if args.json:
         _write_json(args.json, results, always_list=len(args.notebooks) > 1)
     return _finish(results)
@@ -201,7 +207,7 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
     from autograder import classdir
     from autograder.classroom import ClassRun, grade_class
     from autograder.gradebook import COURSE_ID, ClassGradebook
-    from autograder.submissions import collect, course_directory
+    from autograder.layouts import collect, course_directory
 
     course = args.course_dir or course_directory(folder)
     if course is not None:
@@ -221,13 +227,14 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
               "<learner>/<NN_slug>.ipynb, <learner>_<NN_slug>.ipynb or nbgrader's submitted/)",
               file=sys.stderr)
         return 1
+    if args.dask and args.dask.startswith("local:"):  # its workers share this machine's cores
+        args.jobs = int(args.dask.split(":", 1)[1] or 1)
     args.feedback = args.feedback or (course / "feedback" if course else Path("feedback"))
     args.feedback.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="kv-course-class-") as scratch:
-        run = ClassRun(ClassGradebook(_absolute_db(db_url), course_id),
-                       Grader(Path(scratch), _limits_of(args), _runtime_label(), course_id),
-                       known, args.state, args.csv, args.feedback, args.json, args.jobs)
-        entries = grade_class(run, submissions, problems)
+    run = ClassRun(ClassGradebook(_absolute_db(db_url), course_id),
+                   Grader(_limits_of(args), _runtime_label(), course_id), known, args.state,
+                   args.csv, args.feedback, _runner(args), args.json)
+    entries = grade_class(run, submissions, problems)
     code = _finish([e.result for e in entries])
     now = sum(e.result.graded and not e.reused for e in entries)
     again = sum(e.reused for e in entries)
@@ -236,6 +243,16 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
           f"last graded (not graded again), {refused} not graded (see the error lines); "
           f"gradebook {run.book.db_url}, scores in {args.csv}, feedback in {args.feedback}")
     return code
+
+
+def _runner(args: argparse.Namespace):
+    from autograder.classroom import threads
+
+    if not args.dask:
+        return threads(args.jobs)
+    from autograder.cluster import dask
+
+    return dask(args.dask)
 
 
 def _edition(args: argparse.Namespace) -> int:
@@ -303,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
     source = args.submissions
     if source.is_file() and zipfile.is_zipfile(source):
-        from autograder.submissions import unpack
+        from autograder.layouts import unpack
 
         with tempfile.TemporaryDirectory(prefix="kv-course-uploads-") as unpacked:
             origins, times = unpack(source, Path(unpacked))

@@ -3,6 +3,7 @@ each failing test's hint, but not the source of the hidden tests or Python trace
 
 from __future__ import annotations
 
+import copy
 import html
 import re
 from pathlib import Path
@@ -17,10 +18,10 @@ from autograder.report import VERDICTS, NotebookResult
 _HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
 
 
-def feedback_notebook(executed: Path, result: NotebookResult) -> nbformat.NotebookNode:
+def feedback_notebook(executed: dict, result: NotebookResult) -> nbformat.NotebookNode:
     """The executed notebook with a score table on top, hidden-test regions removed from the
     test cells, and every error output replaced by its test's hint."""
-    notebook = nbformat.read(executed, as_version=4)
+    notebook = nbformat.from_dict(copy.deepcopy(executed))
     by_id = {t.id: t for t in result.tests}
     for cell in notebook.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
@@ -43,7 +44,7 @@ def feedback_notebook(executed: Path, result: NotebookResult) -> nbformat.Notebo
     return notebook
 
 
-def write_feedback(executed: Path, result: NotebookResult, destination: Path) -> None:
+def write_feedback(executed: dict, result: NotebookResult, destination: Path) -> None:
     destination.parent.mkdir(parents=True, exist_ok=True)
     body, _ = HTMLExporter().from_notebook_node(feedback_notebook(executed, result))
     destination.write_text(body, encoding="utf-8")

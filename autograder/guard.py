@@ -27,47 +27,70 @@ import importlib.util
 import math
 import pkgutil
 import re
+import sys
 
 _RECORD: dict[str, int] | None = None
+_MODULES: list[str] = []  # the checks modules recorded (mutated, never rebound)
 
 _BUILTINS = ("isinstance", "len", "all", "any", "getattr", "setattr", "hasattr", "id", "sorted",
              "abs", "max", "min", "sum", "range", "zip", "repr", "str", "float", "int", "list",
              "dict", "set", "tuple", "type", "print", "AssertionError", "Exception")
 
 
-def _watched() -> dict[str, object]:
-    """Everything whose replacement would change what a check concludes, by a stable name."""
-    import torch
-
+def _checks_of(chapter: str | None) -> list[str]:
+    """The checks modules a graded chapter's test cells use (every chapter's when the chapter
+    is not known), imported; with what they import of the other checks."""
     import autograder.checks as package
+    from autograder.table import PARTS
 
+    if chapter in PARTS:
+        number = PARTS[chapter].slug[:2]
+        names = [f"autograder.checks.ch{number}", f"autograder.hidden.ch{number}"]
+    else:
+        names = [f"autograder.checks.{m.name}" for m in pkgutil.iter_modules(package.__path__)]
+        if importlib.util.find_spec("autograder.hidden") is not None:
+            import autograder.hidden as hidden
+
+            names += [f"autograder.hidden.{m.name}"
+                      for m in pkgutil.iter_modules(hidden.__path__)]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:  # a learner edition has no hidden checks
+            continue
+    return sorted(name for name in sys.modules
+                  if name.startswith(("autograder.checks.", "autograder.hidden.")))
+
+
+def _watched(modules: list[str]) -> dict[str, object]:
+    """Everything whose replacement would change what a check concludes, by a stable name:
+    the builtins and library functions checks compare with, and every attribute of the
+    checks modules."""
     watched: dict[str, object] = {f"builtins.{name}": getattr(builtins, name)
                                   for name in _BUILTINS}
     watched["math.isclose"] = math.isclose
-    for name in ("allclose", "equal", "isclose", "isnan", "testing"):
-        watched[f"torch.{name}"] = getattr(torch, name)
-    watched["torch.testing.assert_close"] = torch.testing.assert_close
-    watched["torch.Tensor.__eq__"] = torch.Tensor.__eq__
-    modules = ["autograder.guard", "autograder.private"] + [
-        f"autograder.checks.{m.name}" for m in pkgutil.iter_modules(package.__path__)]
-    if importlib.util.find_spec("autograder.hidden") is not None:  # not in a learner edition
-        import autograder.hidden as hidden
-
-        modules += [f"autograder.hidden.{m.name}" for m in pkgutil.iter_modules(hidden.__path__)]
-    for module_name in modules:
-        module = importlib.import_module(module_name)
-        watched[f"sys.modules[{module_name}]"] = module
+    if "torch" in sys.modules:  # the chapter's checks compare tensors
+        torch = sys.modules["torch"]
+        for name in ("allclose", "equal", "isclose", "isnan", "testing"):
+            watched[f"torch.{name}"] = getattr(torch, name)
+        watched["torch.testing.assert_close"] = torch.testing.assert_close
+        watched["torch.Tensor.__eq__"] = torch.Tensor.__eq__
+    for module_name in ["autograder.guard", "autograder.private", *modules]:
+        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+        watched[f"sys.modules[{module_name}]"] = sys.modules.get(module_name)
         for attribute, value in vars(module).items():
-            if not attribute.startswith("__") and attribute != "_RECORD":
+            if not attribute.startswith("__") and attribute not in ("_RECORD", "_MODULES"):
                 watched[f"{module_name}.{attribute}"] = value
     return watched
 
 
-def arm() -> None:
-    """Record what the checks rely on (once per kernel, before any learner code runs)."""
+def arm(chapter: str | None = None) -> None:
+    """Record what the checks of ``chapter`` (every chapter's, when None) rely on: once per
+    kernel, before any learner code runs."""
     global _RECORD
     if _RECORD is None:
-        _RECORD = {name: id(value) for name, value in _watched().items()}
+        _MODULES.extend(_checks_of(chapter))
+        _RECORD = {name: id(value) for name, value in _watched(_MODULES).items()}
 
 
 def verify() -> None:
@@ -78,7 +101,7 @@ def verify() -> None:
     from autograder.borrowing import entering_test
 
     entering_test()  # until the next cell starts, the course's answers may not be borrowed
-    now = {name: id(value) for name, value in _watched().items()}
+    now = {name: id(value) for name, value in _watched(_MODULES).items()}
     changed = sorted(name for name, ident in _RECORD.items() if now.get(name) != ident)
     if changed:
         raise AssertionError("This test does not count: code in this notebook replaced what "

@@ -8,8 +8,10 @@ to init, out of reach. So this process makes itself a *child subreaper* (Linux'
 ``PR_SET_CHILD_SUBREAPER``): every orphan below it is handed to it instead of init. When the
 command ends, or runs past SECONDS, it stops and kills every process below it, however
 deeply nested, and waits for them, then exits with the command's status (124 on time out,
-as ``timeout(1)`` does). Where the kernel has no subreapers (not Linux), it falls back to
-killing the command's process group.
+as ``timeout(1)`` does). It does the same at once when its own parent dies (SIGTERM, asked of
+the kernel with ``PR_SET_PDEATHSIG``): a killed grader or Dask worker leaves nothing grading.
+Where the kernel has no subreapers (not Linux), it falls back to killing the command's
+process group.
 
 The grader starts nbgrader through this; the kernel nbgrader starts, and everything the
 learner's code starts, are below it.
@@ -24,8 +26,28 @@ import subprocess
 import sys
 import time
 
+_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 TIMED_OUT = 124
+
+
+class _Orphaned(Exception):
+    """The process that started this one died (a grader or a Dask worker killed)."""
+
+
+def _end_with_parent() -> None:
+    """Be sent SIGTERM when the parent dies, and treat it as the end of the command: nothing
+    is left grading for a grader that is gone."""
+
+    def orphaned(*_: object) -> None:
+        raise _Orphaned
+
+    signal.signal(signal.SIGTERM, orphaned)
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the request took hold
+        raise _Orphaned
 
 
 def become_subreaper() -> bool:
@@ -96,9 +118,12 @@ def run(command: list[str], seconds: float) -> int:
     subreaper = become_subreaper()
     child = subprocess.Popen(command, start_new_session=not subreaper)
     try:
+        _end_with_parent()
         status = child.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         status = TIMED_OUT
+    except _Orphaned:
+        status = -signal.SIGTERM
     if subreaper:
         kill_descendants(os.getpid())
     else:

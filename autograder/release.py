@@ -9,13 +9,12 @@ strips the hidden tests and records checksums; the result is copied to
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import nbformat
 
+from autograder.autograde import Grader
 from autograder.chapters import EXERCISES, Chapter, chapters
-from autograder.pipeline import Grader
 from autograder.render import render
 
 
@@ -31,8 +30,8 @@ def clear_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 def render_exercise(grader: Grader, chapter: Chapter) -> str:
     """The learner notebook for ``chapter``, as the text ``exercises/`` should hold."""
-    released = grader.released(chapter)
-    notebook = clear_outputs(nbformat.read(released, as_version=4))
+    notebook = clear_outputs(grader.released(chapter.name,
+                                             chapter.source.read_text(encoding="utf-8")))
     return nbformat.writes(notebook) + "\n"
 
 
@@ -53,10 +52,9 @@ def release_all(destination: Path = EXERCISES) -> list[Path]:
     ``destination``; return the paths written."""
     destination.mkdir(parents=True, exist_ok=True)
     written = render_solutions()
-    with tempfile.TemporaryDirectory(prefix="kv-course-release-") as workdir:
-        grader = Grader(Path(workdir))
-        for chapter in chapters().values():
-            path = destination / f"{chapter.name}.ipynb"
-            path.write_text(render_exercise(grader, chapter), encoding="utf-8")
-            written.append(path)
+    grader = Grader()
+    for chapter in chapters().values():
+        path = destination / f"{chapter.name}.ipynb"
+        path.write_text(render_exercise(grader, chapter), encoding="utf-8")
+        written.append(path)
     return written

@@ -26,10 +26,12 @@ import textwrap
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-
-import nbformat
+from typing import TYPE_CHECKING
 
 from autograder.table import PARTS
+
+if TYPE_CHECKING:  # nbformat is slow to import, and the grading kernel needs none of it
+    import nbformat
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 

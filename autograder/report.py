@@ -55,6 +55,24 @@ class NotebookResult:
                    data.get("timestamp", ""), data.get("error", ""))
 
 
+def result_of(chapter: str, tests: list[tuple[str, float]], learner: str, origin: str,
+              runtime: str, scores: dict[str, float], executed: dict | None,
+              reason: str = "") -> NotebookResult:
+    """Per test cell (``tests``: grade id and points, in order): its points from ``scores``,
+    and the hint its failure left in the ``executed`` notebook (``reason`` for every test of a
+    notebook not run at all)."""
+    outputs = {cell["metadata"]["nbgrader"]["grade_id"]: cell.get("outputs", [])
+               for cell in (executed or {}).get("cells", [])
+               if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
+    found = []
+    for grade_id, max_points in tests:
+        points = 0.0 if reason else float(scores.get(grade_id, 0.0))
+        passed = points == max_points
+        message = reason or ("" if passed else failure_message(outputs.get(grade_id)))
+        found.append(TestResult(grade_id, points, max_points, passed, message))
+    return NotebookResult(origin, chapter, runtime, found, learner=learner)
+
+
 def failure_message(outputs: list | None) -> str:
     """The hint a failed test cell left in its outputs, in one paragraph."""
     if outputs is None:

@@ -47,12 +47,13 @@ _GRACE = 30  # seconds the reaper gets to clean up after its own deadline
 
 
 def run(command: list[str], cwd: Path, timeout: int, limits: Limits,
-        writable: Sequence[Path] = ()) -> str:
+        writable: Sequence[Path] = (), environment: dict[str, str] | None = None) -> str:
     """Run ``command`` in ``cwd`` under ``limits`` for at most ``timeout`` seconds; return its
     output (stdout and stderr). Raises ``TimeoutExpired`` when time ran out; either way,
     every process it started is gone when this returns. In the sandbox, only ``writable``
-    (default: ``cwd``) can be written, and the first of them holds HOME."""
-    env = dict(os.environ)
+    (default: ``cwd``) can be written, and the first of them holds HOME. ``environment`` adds
+    variables to this process's."""
+    env = dict(os.environ) | (environment or {})
     # nbgrader calls `alembic` and starts kernels by name: this environment's bin comes first.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if limits.threads and "OMP_NUM_THREADS" not in env:  # a setting of the user's wins

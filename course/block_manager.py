@@ -53,7 +53,8 @@ class BlockManager:
     block only when the last one is full, and copies a partly filled last block that other
     sequences also hold before the write; ``free`` returns a block to the pool exactly when its
     count reaches zero. An operation that runs out of blocks raises ``NoFreeBlocksError`` and
-    changes nothing. Every free-pool operation is O(1).
+    changes nothing. Every free-pool operation is O(1); which free block comes next is the
+    pool's own business (a stack would do as well as this queue).
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -103,7 +104,14 @@ class BlockManager:
                 f"sequence {seq_id} holds {len(table)} blocks for {self.lengths[seq_id]} tokens")
 
     def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
-        """Give a new sequence the blocks for its ``num_tokens``-token prompt: all or none."""
+        """Give a new sequence the blocks for its ``num_tokens``-token prompt: all or none.
+
+        Checked in this order: an id that already has blocks raises ``ValueError`` (even when
+        the prompt would not fit either); then, with fewer than ceil(num_tokens / block_size)
+        blocks free, ``NoFreeBlocksError``, and nothing changes: no block is taken and the
+        sequence is not registered. Returns the new block table as a list of its own: the
+        caller may change it without changing the manager.
+        """
         ### BEGIN SOLUTION
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has blocks")
@@ -117,7 +125,13 @@ class BlockManager:
         ### END SOLUTION
 
     def fork(self, parent_id: int, child_id: int) -> None:
-        """Make ``child_id`` share all of ``parent_id``'s blocks (nothing is copied)."""
+        """Make ``child_id`` share all of ``parent_id``'s blocks (nothing is copied).
+
+        The child gets a table of its own (a new list of the same blocks), the parent's length,
+        and one more reference on each block. A ``child_id`` that already has blocks raises
+        ``ValueError``; an unknown ``parent_id`` raises ``KeyError``; either way nothing
+        changes and no sequence is registered.
+        """
         ### BEGIN SOLUTION
         if child_id in self.tables:
             raise ValueError(f"sequence {child_id} already has blocks")
@@ -129,7 +143,11 @@ class BlockManager:
         ### END SOLUTION
 
     def append_slot(self, seq_id: int) -> Slot:
-        """Make room for one more token of ``seq_id``; say where its K and V go."""
+        """Make room for one more token of ``seq_id``; say where its K and V go.
+
+        A token that needs a block (a new one, or a copy of a shared one) when none is free
+        raises ``NoFreeBlocksError`` and changes nothing.
+        """
         ### BEGIN SOLUTION
         table, length = self.tables[seq_id], self.lengths[seq_id]
         offset = length % self.block_size
@@ -152,7 +170,11 @@ class BlockManager:
         ### END SOLUTION
 
     def free(self, seq_id: int) -> None:
-        """Drop the sequence; each of its blocks returns to the pool when no one else holds it."""
+        """Drop the sequence; each of its blocks returns to the pool when no one else holds it.
+
+        An unknown or already-freed ``seq_id`` raises ``KeyError``. The order the blocks go
+        back in is free: this pool's contract fixes no order of free blocks.
+        """
         ### BEGIN SOLUTION
         if seq_id not in self.tables:
             raise KeyError(f"sequence {seq_id} is unknown or already freed")

@@ -130,15 +130,36 @@ def running_out() -> list[Operation]:
 
 def probe(manager_class: type) -> list[tuple]:
     """What a BlockManager reports along a short script that allocates, grows, forks, copies
-    on write, runs out and frees, in terms every correct manager reports alike: after each
-    step, whether it raised, each sequence's length and number of blocks, the reference counts
-    in sorted order, the free blocks and the size of any copy (never which blocks it chose).
-    A notebook compares the learner's class with the course's on it before running a picture
-    or an experiment on the learner's."""
+    on write, runs out, allocates an id in use, forks an unknown parent and frees, in terms
+    every correct manager reports alike: after each step, whether it raised (and whether that
+    was NoFreeBlocksError), each sequence's length and number of blocks, the reference counts
+    in sorted order, the free blocks and the size of any copy (never which blocks it chose);
+    whether the table allocate returns is the caller's own list, and what a token that finds
+    no free block raises. A notebook compares the
+    learner's class with the course's on it before running a picture or an experiment on the
+    learner's."""
     script: list[Operation] = [("allocate", 0, 3), ("fork", 0, 1), ("append", 1),
                                ("append", 0), ("append", 0), ("allocate", 2, 5), ("free", 0),
                                ("allocate", 2, 5), ("append", 2), ("fork", 2, 3),
-                               ("append", 3), ("free", 1), ("free", 2), ("free", 3)]
+                               ("append", 3), ("allocate", 3, 40), ("fork", 9, 8),
+                               ("free", 1), ("free", 2), ("free", 3)]
     frames = record(manager_class(6, 2), 6, script)
-    return [(f.failed, f.lengths, {s: len(t) for s, t in f.tables.items()}, sorted(f.ref_counts),
-             f.free_blocks, f.copy and f.copy[2]) for f in frames]
+    seen: list[tuple] = [
+        (f.failed, f.failed and f.event.split(" raised ")[-1].startswith("NoFreeBlocksError"),
+         f.lengths, {s: len(t) for s, t in f.tables.items()}, sorted(f.ref_counts),
+         f.free_blocks, f.copy and f.copy[2]) for f in frames]
+    spare = manager_class(4, 2)
+    table = spare.allocate(0, 3)
+    table.append(-1)
+    seen.append(("allocate returns a list of the caller's own",
+                 spare.block_table(0) == table[:-1]))
+    full = manager_class(1, 1)
+    full.allocate(0, 1)
+    try:
+        full.append_slot(0)
+        ran_out = "nothing"
+    except NoFreeBlocksError:
+        ran_out = "NoFreeBlocksError"
+    except Exception:  # the learner's bug: the wrong error
+        ran_out = "another error"
+    return seen + [("a token with no free block raises", ran_out)]

@@ -20,16 +20,18 @@ from __future__ import annotations
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """How many blocks hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
+    """How many blocks hold ``num_tokens`` tokens: ceil(num_tokens / block_size), an ``int``
+    (0 tokens need 0 blocks)."""
     ### BEGIN SOLUTION
     return -(-num_tokens // block_size)
     ### END SOLUTION
 
 
 def locate(position: int, block_table: list[int], block_size: int) -> tuple[int, int]:
-    """(physical block, offset) of logical ``position``.
+    """(physical block, offset) of logical ``position``: a tuple of two ``int``.
 
-    Raises ``IndexError`` when the position is negative or past the blocks in the table.
+    Raises ``IndexError`` when the position is negative or at or past
+    ``len(block_table) * block_size``.
     """
     ### BEGIN SOLUTION
     if not 0 <= position < len(block_table) * block_size:
@@ -43,7 +45,8 @@ def locate(position: int, block_table: list[int], block_size: int) -> tuple[int,
 
 
 def slot_id(position: int, block_table: list[int], block_size: int) -> int:
-    """Flat slot of logical ``position`` in the pool: physical_block x block_size + offset."""
+    """Flat slot of logical ``position`` in the pool: physical_block x block_size + offset, an
+    ``int``. Raises ``IndexError`` for a position outside the table, as ``locate`` does."""
     ### BEGIN SOLUTION
     physical_block, offset = locate(position, block_table, block_size)
     return physical_block * block_size + offset
@@ -51,14 +54,20 @@ def slot_id(position: int, block_table: list[int], block_size: int) -> int:
 
 
 def slot_mapping(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
-    """Slot ids of positions ``start`` to ``end - 1``: where a kernel writes their K and V."""
+    """Slot ids of positions ``start`` to ``end - 1``: where a kernel writes their K and V.
+
+    A ``list`` of ``int``, one per position of ``range(start, end)``, in order: ``[]`` when
+    ``end <= start``, wherever start and end lie. If any position of the range is outside the
+    table, raise ``IndexError`` (no partial list).
+    """
     ### BEGIN SOLUTION
     return [slot_id(position, block_table, block_size) for position in range(start, end)]
     ### END SOLUTION
 
 
 def last_block_waste(num_tokens: int, block_size: int) -> int:
-    """Empty slots in the last block of a ``num_tokens``-token sequence (at most B - 1)."""
+    """Empty slots in the last block of a ``num_tokens``-token sequence: an ``int`` from 0 (an
+    exact fit, or no tokens) to ``block_size - 1``."""
     ### BEGIN SOLUTION
     return blocks_needed(num_tokens, block_size) * block_size - num_tokens
     ### END SOLUTION
@@ -67,7 +76,8 @@ def last_block_waste(num_tokens: int, block_size: int) -> int:
 def contiguous_utilisation(lengths: list[int], max_model_len: int) -> float:
     """Share of reserved slots that hold a token when each sequence reserves max_model_len.
 
-    ``lengths`` holds at least one sequence.
+    A ``float``. ``lengths`` holds at least one sequence, each of 0 to ``max_model_len``
+    tokens.
     """
     ### BEGIN SOLUTION
     return sum(lengths) / (len(lengths) * max_model_len)
@@ -77,7 +87,8 @@ def contiguous_utilisation(lengths: list[int], max_model_len: int) -> float:
 def paged_utilisation(lengths: list[int], block_size: int) -> float:
     """Share of allocated slots that hold a token when each sequence holds whole blocks.
 
-    At least one of ``lengths`` is positive.
+    A ``float``. At least one of ``lengths`` is positive; a sequence of 0 tokens holds no
+    block.
     """
     ### BEGIN SOLUTION
     allocated = sum(blocks_needed(n, block_size) for n in lengths) * block_size

@@ -73,7 +73,8 @@ def num_gpu_blocks(
 
     The engine may use ``gpu_memory_bytes x gpu_memory_utilization``; the weights and the
     activation peak of a forward pass come off first, and what is left is cut into whole
-    blocks of ``bytes_per_block`` (one block's K and V across all layers). Never negative.
+    blocks of ``bytes_per_block`` (one block's K and V across all layers). Returns an ``int``
+    (a count: ``7168``, not ``7168.0``): 0 when less than one block is left, or nothing at all.
     """
     ### BEGIN SOLUTION
     budget = gpu_memory_bytes * gpu_memory_utilization - weight_bytes - activation_peak_bytes
@@ -85,9 +86,16 @@ def requests_fit_contiguous(lengths: list[int], capacity_tokens: int, max_model_
     """How many of ``lengths`` can be resident at once when each reserves ``max_model_len``.
 
     A contiguous cache cannot know how long a request will grow, so each one reserves room for
-    the longest sequence allowed, whatever its real length.
+    the longest sequence allowed, whatever its real length (0 tokens included). Returns an
+    ``int``; no requests, 0. No request is longer than ``max_model_len`` (an engine refuses it
+    on arrival): if one in ``lengths`` is, wherever it stands, raise ``ValueError`` before
+    counting anything. A request of exactly ``max_model_len`` tokens is allowed.
     """
     ### BEGIN SOLUTION
+    too_long = [n for n in lengths if n > max_model_len]
+    if too_long:
+        raise ValueError(f"a request of {too_long[0]} tokens is longer than max_model_len "
+                         f"{max_model_len}: an engine refuses it on arrival")
     return min(len(lengths), capacity_tokens // max_model_len)
     ### END SOLUTION
 
@@ -96,8 +104,9 @@ def requests_fit_paged(lengths: list[int], capacity_tokens: int, block_size: int
     """How many of ``lengths`` are admitted, first come first served, when paged in blocks.
 
     The pool holds ``capacity_tokens // block_size`` blocks; a request of n tokens takes
-    ceil(n / block_size) of them. Requests are admitted in order until the first one that does
-    not fit (no later request overtakes it).
+    ceil(n / block_size) of them (0 tokens: none). Requests are admitted in order until the
+    first one that does not fit (no later request overtakes it); one that takes exactly the
+    blocks left fits. Returns an ``int``; no requests, 0.
     """
     ### BEGIN SOLUTION
     free_blocks = capacity_tokens // block_size

@@ -30,7 +30,14 @@ ROOT_KEY = hashlib.sha256(b"paged-kv-course prefix cache root").hexdigest()
 
 
 def block_key(parent_key: str, tokens: list[int], extra_keys: tuple = ()) -> str:
-    """sha256 of a canonical encoding of (parent key, the block's tokens, extra keys)."""
+    """sha256 of a canonical encoding of (parent key, the block's tokens, extra keys), as a hex
+    string.
+
+    ``parent_key`` is a hex string, ``tokens`` a list of ints, ``extra_keys`` a tuple of strings
+    (a LoRA adapter's name, a cache salt). Inputs that differ anywhere get different keys, also
+    when a value moves between ``tokens`` and ``extra_keys``; equal inputs get the same key in
+    every process (so not Python's ``hash()``, which changes with ``PYTHONHASHSEED``).
+    """
     ### BEGIN SOLUTION
     payload = json.dumps([parent_key, [int(t) for t in tokens], [str(e) for e in extra_keys]],
                          separators=(",", ":"))
@@ -57,8 +64,9 @@ class PrefixCachingBlockManager:
     prompt (at most (n - 1) // block_size of them, so the last token is always computed),
     takes the rest fresh, all or nothing, and returns how many prompt tokens were hits; a block
     is cached as soon as it is full; a block whose count drops to zero stays cached and becomes
-    evictable, least recently used first; taking a fresh block from an empty-of-uncached pool
-    evicts the LRU evictable block and forgets its key.
+    evictable, least recently used first; taking a fresh block takes the least recently used
+    free block, cached or not (so it may evict a cached block while never-used ones wait), and
+    an evicted block forgets its key.
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -141,7 +149,14 @@ class PrefixCachingBlockManager:
         ### END SOLUTION
 
     def allocate(self, seq_id: int, tokens: list[int], extra_keys: tuple = ()) -> int:
-        """Allocate a new sequence's prompt, reusing cached blocks; return the hit tokens."""
+        """Allocate a new sequence's prompt, reusing cached blocks; return the hit tokens.
+
+        An id that already has blocks raises ``ValueError``. Hits are the longest run of cached
+        blocks from the start (at most (n - 1) // block_size). If the fresh blocks plus the
+        revived hits (hits with no reference: they leave the free queue) outnumber the free
+        blocks, ``NoFreeBlocksError`` and nothing changes. Otherwise the hits are revived
+        first, then the fresh blocks taken: taken first, a fresh block could evict a hit.
+        """
         ### BEGIN SOLUTION
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has blocks")

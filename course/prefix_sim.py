@@ -136,11 +136,12 @@ def serve(requests: list[PrefixRequest], block_size: int, num_blocks: int,
 
 
 def probe(manager_class: type) -> list[tuple]:
-    """What a prefix-caching manager reports along two short scripts in tight pools (blocks of
+    """What a prefix-caching manager reports along three short scripts in tight pools (blocks of
     2): prompts that share a prefix, a decoded block cached once full, prompts that do not fit
     (one only because the cached blocks it would revive leave the free queue too), revivals
-    and evictions. After each step: what the step returned (hit tokens, a slot, or the error
-    it raised), the block tables, the free blocks and the evictable blocks. The contract (LRU
+    and evictions, and a prompt whose first block was evicted while the next is still cached.
+    After each step: what the step returned (hit tokens, a slot, or the error it raised), the
+    block tables, the free blocks and the evictable blocks. The contract (LRU
     eviction, tail first) fixes all of them, so a notebook compares the learner's class with
     the course's on it before serving through the learner's."""
     scripts = [(6, [("allocate", 0, [1, 2, 3, 4, 5]), ("append", 0, 6),
@@ -151,7 +152,11 @@ def probe(manager_class: type) -> list[tuple]:
                     ("allocate", 6, [1, 2, 3, 4]), ("allocate", 7, [8, 8, 8])]),
                (3, [("allocate", 0, [1, 2, 3, 4, 5]), ("free", 0, None),
                     ("allocate", 1, [9, 9, 9]), ("allocate", 2, [1, 2, 7]), ("free", 1, None),
-                    ("allocate", 2, [1, 2, 7])])]
+                    ("allocate", 2, [1, 2, 7])]),
+               (7, [("allocate", 0, [1, 2, 3]), ("allocate", 1, [1]), ("append", 1, 2),
+                    ("append", 1, 3), ("append", 1, 4), ("free", 0, None),
+                    ("allocate", 2, [7] * 9), ("free", 1, None), ("free", 2, None),
+                    ("allocate", 3, [1, 2, 3, 4, 5])])]
     seen: list[tuple] = []
     for num_blocks, script in scripts:
         manager = manager_class(num_blocks, 2)

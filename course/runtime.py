@@ -26,12 +26,25 @@ class Runtime:
         return self.mode == "gpu"
 
 
-def detect() -> Runtime:
-    """Look for a CUDA GPU; change nothing."""
+# Device files a GPU driver makes (NVIDIA's; AMD's for ROCm): without any, there is no GPU to
+# find, and the answer needs no torch import (a second or more, which notebooks that never
+# touch a tensor need not pay).
+_GPU_DEVICES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
+
+
+def _gpu_name() -> str | None:
+    """The first CUDA GPU's name, or None."""
+    if not any(os.path.exists(path) for path in _GPU_DEVICES):
+        return None
     import torch
 
-    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        name = torch.cuda.get_device_name(0)
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def detect() -> Runtime:
+    """Look for a CUDA GPU; change nothing."""
+    name = _gpu_name() if os.environ.get("TRITON_INTERPRET") != "1" else None
+    if name is not None:
         return Runtime("gpu", "cuda", f"{name} (CUDA)",
                        f"GPU mode: Triton kernels compile for {name}")
     return Runtime(

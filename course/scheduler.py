@@ -3,15 +3,20 @@
 Every step the scheduler decides, on top of a chapter 3 BlockManager, which requests run:
 
     1. reserve: every running request gets the slot for its next token (oldest first). When
-       the pool is out of blocks, the most recently admitted request is preempted, by
-       recompute (its blocks are freed and it goes back to the *front* of the waiting queue,
-       to be prefilled again with everything it has so far) or by swap (its blocks are copied
-       to a bounded CPU pool and freed on the GPU, until there is room to bring them back).
-    2. swap in: swapped requests come back first, oldest first, when their blocks fit.
-    3. admit: waiting requests, first come first served, while their prompt's blocks fit above
-       a small watermark, the batch has fewer than ``max_num_seqs`` requests, and the step's
-       tokens stay within ``max_num_batched_tokens``. A request that could never fit in the
-       whole pool is rejected with a reason instead of waiting forever.
+       the pool is out of blocks, the newest running request is preempted (the current one
+       itself when it is the newest), by recompute (its blocks are freed and it goes back to
+       the *front* of the waiting queue, to be prefilled again with everything it has so far)
+       or by swap (its blocks are copied to a bounded CPU pool and freed on the GPU, until
+       there is room to bring them back; a full CPU pool raises SwapSpaceFullError and changes
+       nothing).
+    2. swap in: swapped requests come back first, in the order they were swapped out, while
+       their blocks fit above a small watermark and ``running`` has fewer than
+       ``max_num_seqs`` requests.
+    3. admit: the head of the waiting queue, first come first served. A request that could
+       never fit in the whole pool is rejected with a reason as soon as it is at the head;
+       otherwise admission stops at the first request that does not fit: ``running`` is full
+       (``max_num_seqs``), its blocks do not fit above the watermark, or the step's tokens
+       would exceed ``max_num_batched_tokens``.
     4. run: the returned plan. Reservation comes before running, so a step never runs a
        request whose blocks it does not hold: the step is atomic.
 
@@ -105,8 +110,11 @@ class Scheduler:
         return plan
 
     def reserve_decode_slots(self, plan: StepPlan) -> None:
-        """Give every running request (oldest first) the slot for its next token, preempting
-        the newest request while the pool is out of blocks."""
+        """Give every running request (oldest first) the slot for its next token
+        (``gpu.append_slot``) and add it to ``plan.decode`` once it holds that slot. When the
+        pool is out of blocks, preempt the newest running request and try the current one
+        again; when the newest is the current request, it preempts itself, stays out of
+        ``plan.decode``, and the reservation ends (everything older holds its slot)."""
         ### BEGIN SOLUTION
         index = 0
         while index < len(self.running):
@@ -124,29 +132,42 @@ class Scheduler:
         ### END SOLUTION
 
     def preempt(self, victim: Request, plan: StepPlan) -> None:
-        """Take ``victim`` out of the running batch, by recompute or by swap."""
+        """Take ``victim`` out of ``running`` and add it to ``plan.preempted``; by recompute,
+        free its GPU blocks and put it at the front of ``waiting``; by swap, copy its KV
+        (``gpu.seq_len`` tokens) to the CPU pool, list ``(gpu_block, cpu_block)`` pairs in
+        ``plan.swapped_out``, free its GPU blocks and append it to ``swapped``. A CPU pool
+        with too few free blocks raises SwapSpaceFullError before anything changes (the
+        victim stays running and keeps its GPU blocks)."""
         ### BEGIN SOLUTION
-        self.running.remove(victim)  # never reserved this step: victims come after the
-        plan.preempted.append(victim)  # request being reserved, or are that request
         if self.preemption == "swap":
-            gpu_table = self.gpu.block_table(victim.id)
-            try:
-                cpu_table = self.cpu.allocate(victim.id, self.gpu.seq_len(victim.id))
-            except NoFreeBlocksError:
+            tokens = self.gpu.seq_len(victim.id)
+            if self.blocks_for(tokens) > self.cpu.num_free_blocks():
                 raise SwapSpaceFullError(
-                    f"request {victim.id} needs {len(gpu_table)} CPU blocks to swap out, "
-                    f"{self.cpu.num_free_blocks()} are free: raise the swap space or preempt "
-                    "by recompute") from None
+                    f"request {victim.id} needs {self.blocks_for(tokens)} CPU blocks to swap "
+                    f"out, {self.cpu.num_free_blocks()} are free: raise the swap space "
+                    "(cpu_blocks) or preempt by recompute")
+            self.running.remove(victim)
+            plan.preempted.append(victim)
+            gpu_table = self.gpu.block_table(victim.id)
+            cpu_table = self.cpu.allocate(victim.id, tokens)
             plan.swapped_out.append((victim, list(zip(gpu_table, cpu_table, strict=True))))
             self.gpu.free(victim.id)
             self.swapped.append(victim)
         else:
+            self.running.remove(victim)
+            plan.preempted.append(victim)
             self.gpu.free(victim.id)
             self.waiting.appendleft(victim)
         ### END SOLUTION
 
     def swap_in(self, plan: StepPlan) -> None:
-        """Bring swapped requests back, oldest first, while their blocks fit."""
+        """Bring swapped requests back in the order they were swapped out (the front of
+        ``swapped`` first), while ``running`` has fewer than ``max_num_seqs`` requests and
+        the front one's blocks fit in the free GPU blocks minus the watermark: allocate its
+        KV on the GPU (``cpu.seq_len`` tokens), list ``(cpu_block, gpu_block)`` pairs in
+        ``plan.swapped_in``, free its CPU blocks, remove it from ``swapped`` and append it
+        to ``running`` (it decodes from the next step). Stop at the first that does not
+        fit: nothing overtakes it."""
         ### BEGIN SOLUTION
         while self.swapped and len(self.running) < self.max_num_seqs:
             request = self.swapped[0]
@@ -161,16 +182,27 @@ class Scheduler:
         ### END SOLUTION
 
     def admit(self, plan: StepPlan) -> None:
-        """Admit waiting requests, first come first served, while they fit."""
+        """Admit waiting requests, first come first served. For the head of ``waiting``, in
+        this order: if its full length (``prompt_len + output_len``) needs more blocks than
+        the whole pool above the watermark, reject it (``(request, reason)`` in
+        ``plan.rejected``) and look at the next; else stop if ``running`` already holds
+        ``max_num_seqs`` requests, if its ``context_len`` tokens' blocks exceed the free
+        blocks minus the watermark, or if ``plan.num_batched_tokens`` plus its
+        ``context_len`` exceeds ``max_num_batched_tokens`` (equal is within); else allocate
+        its ``context_len`` tokens and add it to ``running`` and ``plan.prefill``."""
         ### BEGIN SOLUTION
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        while self.waiting:
             request = self.waiting[0]
             total = self.blocks_for(request.prompt_len + request.output_len)
-            if total > self.gpu.num_blocks - self.watermark_blocks:
+            usable = self.gpu.num_blocks - self.watermark_blocks
+            if total > usable:
                 self.waiting.popleft()
                 plan.rejected.append((request, f"request {request.id} needs {total} blocks at "
-                                      f"full length; the pool has {self.gpu.num_blocks}"))
+                                      f"full length; the pool holds {usable} above the "
+                                      "watermark"))
                 continue
+            if len(self.running) >= self.max_num_seqs:
+                break
             needed = self.blocks_for(request.context_len)
             if needed > self.gpu.num_free_blocks() - self.watermark_blocks:
                 break

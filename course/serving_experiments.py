@@ -8,8 +8,8 @@ pool of 14,128 token slots, on ShareGPT-like requests arriving as a Poisson proc
 holds one block of 2,048 slots from admission on, exactly a contiguous max-length reservation.
 
 Each experiment takes the scheduler class it runs (``scheduler``; the course's own by
-default), so that the notebook can run the learner's: ``probe`` plays a small scenario
-(``PROBE``: it admits, rejects, preempts by recompute and by swap, and swaps back in) for
+default), so that the notebook can run the learner's: ``probe`` plays small scenarios
+(``PROBES``: together they take every path of a step and meet every rule of the policy) for
 ``course.notebook.learner_or_course_class`` to compare two classes on.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from course.scheduler import Request, Scheduler, static_batching
+from course.scheduler import Request, Scheduler, SwapSpaceFullError, static_batching
 from course.serving_sim import POOL_SLOTS, Report, opt13b_a100_40gb, poisson_arrivals, simulate
 from course.workloads import SHAREGPT
 
@@ -72,38 +72,70 @@ def bench(scheduler: type[Scheduler] = Scheduler) -> str:
             "requests per second")
 
 
-# A small scenario that takes every path of a step: 8 blocks of 2 for four requests, one of
-# which can never fit (rejected); the other three outgrow the pool (preempted, then back:
-# prefilled again, or swapped out and in, two of them swapped out at once).
-PROBE = dict(specs=((4, 4), (6, 4), (6, 2), (6, 12)), num_blocks=8, block_size=2, cpu_blocks=8)
+# Small scenarios that, together, take every path of a step and meet every rule of the
+# policy: requests that outgrow their pool (preempted, then back: prefilled again, or swapped
+# out and in, two of them swapped out at once) by recompute and by swap, a request rejected
+# though the batch is full, a watermark, a token budget met exactly and one that counts the
+# step's decodes, a batch limit, a CPU pool too small, a swap-in held back by the watermark
+# and one that waits for the oldest.
+_GROWING = ((4, 4), (6, 4), (6, 2), (6, 12))
+PROBES = (
+    dict(specs=_GROWING, num_blocks=8, block_size=2, preemption="recompute"),
+    dict(specs=_GROWING, num_blocks=8, block_size=2, preemption="swap", cpu_blocks=8),
+    dict(specs=((1, 1),) * 5 + ((1, 5),), num_blocks=5, block_size=1, max_num_seqs=5,
+         max_num_batched_tokens=8, watermark=0.0),
+    dict(specs=((4, 50), (4, 34), (16, 2), (12, 2), (8, 2)), num_blocks=10, block_size=4,
+         watermark=0.2),
+    dict(specs=((30, 1), (34, 1), (1, 1)), num_blocks=40, block_size=4,
+         max_num_batched_tokens=64, watermark=0.0),
+    dict(specs=((6, 4), (6, 4), (12, 2)), num_blocks=20, block_size=4,
+         max_num_batched_tokens=13, watermark=0.0),
+    dict(specs=((2, 3),) * 3, num_blocks=10, block_size=4, max_num_seqs=2, watermark=0.0),
+    dict(specs=((3, 10),) * 3, num_blocks=7, block_size=4, watermark=0.0, preemption="swap",
+         cpu_blocks=1),
+    dict(specs=((4, 12),) * 4, num_blocks=10, block_size=4, watermark=0.2, preemption="swap",
+         cpu_blocks=12),
+    dict(specs=((1, 3), (2, 2), (1, 3)), num_blocks=4, block_size=1, watermark=0.0,
+         preemption="swap", cpu_blocks=8),
+)
 
 
-def plans(scheduler: type[Scheduler], specs: tuple[tuple[int, int], ...], num_blocks: int,
-          block_size: int, cpu_blocks: int, max_steps: int = 500) -> dict[str, list[tuple]]:
-    """What ``scheduler`` plans, step by step, when it serves requests ``specs``
-    ((prompt_len, output_len), all there at the start) by recompute and by swap: per step,
-    the ids it prefills, decodes, preempts, swaps out, swaps in and rejects."""
-    found = {}
-    for mode in ("recompute", "swap"):
-        s = scheduler(num_blocks, block_size, preemption=mode, cpu_blocks=cpu_blocks)
-        for i, (prompt, output) in enumerate(specs):
-            s.add(Request(i, prompt, output))
-        steps = found[mode] = []
-        while (s.waiting or s.running or s.swapped) and len(steps) < max_steps:
+def plans(scheduler: type[Scheduler], specs: tuple[tuple[int, int], ...],
+          max_steps: int = 500, **options) -> list[tuple]:
+    """What ``scheduler`` (made with the keyword arguments ``options``) plans, step by step,
+    when it serves requests ``specs`` ((prompt_len, output_len), all there at the start):
+    per step, the ids it prefills, decodes, preempts, swaps out, swaps in and rejects, and
+    the waiting and running ids after it. A step that raises SwapSpaceFullError ends the
+    list with the queues it left and the free GPU and CPU blocks."""
+    s = scheduler(**options)
+    for i, (prompt, output) in enumerate(specs):
+        s.add(Request(i, prompt, output))
+    steps: list[tuple] = []
+    while (s.waiting or s.running or s.swapped) and len(steps) < max_steps:
+        try:
             plan = s.step()
-            steps.append(tuple(tuple(r.id for r in rs) for rs in (
-                plan.prefill, plan.decode, plan.preempted, [r for r, _ in plan.swapped_out],
-                [r for r, _ in plan.swapped_in], [r for r, _ in plan.rejected])))
-            for request in plan.prefill + plan.decode:
-                request.generated += 1
-                if request.done:
-                    s.finish(request)
-    return found
+        except SwapSpaceFullError:
+            steps.append(("swap space full", _ids(s.waiting), _ids(s.running),
+                          _ids(s.swapped), s.gpu.num_free_blocks(), s.cpu.num_free_blocks()))
+            break
+        steps.append(tuple(_ids(rs) for rs in (
+            plan.prefill, plan.decode, plan.preempted, [r for r, _ in plan.swapped_out],
+            [r for r, _ in plan.swapped_in], [r for r, _ in plan.rejected], s.waiting,
+            s.running)))
+        for request in plan.prefill + plan.decode:
+            request.generated += 1
+            if request.done:
+                s.finish(request)
+    return steps
 
 
-def probe(scheduler: type[Scheduler]) -> dict[str, list[tuple]]:
-    """What ``scheduler`` plans on ``PROBE``."""
-    return plans(scheduler, **PROBE)
+def _ids(requests) -> tuple[int, ...]:
+    return tuple(r.id for r in requests)
+
+
+def probe(scheduler: type[Scheduler]) -> list[list[tuple]]:
+    """What ``scheduler`` plans on each of ``PROBES``."""
+    return [plans(scheduler, **scenario) for scenario in PROBES]
 
 
 def row(name: str, report: Report) -> str:
@@ -115,8 +147,11 @@ def row(name: str, report: Report) -> str:
             f"{report.preemptions:>7}{report.swaps:>6}")
 
 
-HEADER = (f"{'':<36}{'req/s':>8}{'tok/s':>9}{'TTFT50':>9}{'TPOT ms':>9}{'P50 s':>8}"
-          f"{'P99 s':>8}{'preem':>7}{'swaps':>6}")
+HEADER = (f"{'':<36}{'req/s':>8}{'tok/s':>9}{'TTFT50 s':>9}{'TPOT ms':>9}{'lat50 s':>8}"
+          f"{'lat99 s':>8}{'preem':>7}{'swaps':>6}")
+"""The columns of ``row``: requests and output tokens served per second, the median time to
+first token (s), the mean time per output token after the first (ms), the median and 99th
+percentile latency from arrival to last token (s), preemptions, swaps (out and in)."""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -67,6 +67,27 @@ def _borrow_function(module: str, name: str, form: int) -> str:
     ][form % 4]
 
 
+def _borrow_kernel(module: str, name: str, form: int) -> str:
+    """A solution cell that answers with the course's own Triton kernel: imported, aliased, or
+    called from inside a kernel of the same signature (a wrapper or a partial of a kernel
+    cannot be launched, so no learner would hand one in)."""
+    import importlib
+    import inspect
+
+    kernel = getattr(importlib.import_module(module), name)
+    parameters = inspect.signature(kernel.fn).parameters.values()
+    signature = ", ".join(f"{p.name}: tl.constexpr" if "constexpr" in str(p.annotation)
+                          else p.name for p in parameters)
+    arguments = ", ".join(p.name for p in parameters)
+    return [
+        f"from {module} import {name}  # noqa: F401",
+        f"import importlib\n\n{name} = getattr(importlib.import_module({module!r}), {name!r})",
+        f"import triton\nimport triton.language as tl\n\n"
+        f"from {module} import {name} as course_kernel\n\n\n"
+        f"@triton.jit\ndef {name}({signature}):\n    course_kernel({arguments})",
+    ][form % 3]
+
+
 def _borrow_method(module: str, owner: str, name: str, form: int) -> str:
     """A solution cell that answers with the course's own method: copied, delegated to, or
     inherited by a subclass that takes the notebook's class's name."""
@@ -89,7 +110,8 @@ def borrowed(exercise: Path, destination: Path, solution: Path) -> Path:
     notebook = nbformat.read(exercise, as_version=4)
     parts = PARTS[notebook.metadata["course"]["chapter"]]
     defined = {c.metadata["nbgrader"]["grade_id"]: [
-        n.name for n in ast.parse(c.source).body if isinstance(n, ast.FunctionDef)]
+        (n.name, any("jit" in ast.unparse(d) for d in n.decorator_list))
+        for n in ast.parse(c.source).body if isinstance(n, ast.FunctionDef)]
         for c in nbformat.read(solution, as_version=4).cells
         if c.metadata.get("nbgrader", {}).get("solution")}
     form = 0
@@ -100,9 +122,13 @@ def borrowed(exercise: Path, destination: Path, solution: Path) -> Path:
         where = parts.answers.get(grade_id) or parts.skeleton
         module, _, owner = where.partition(":")
         pieces = []
-        for name in defined[grade_id]:
-            pieces.append(_borrow_method(module, owner, name, form) if owner
-                          else _borrow_function(module, name, form))
+        for name, kernel in defined[grade_id]:
+            if owner:
+                pieces.append(_borrow_method(module, owner, name, form))
+            elif kernel:
+                pieces.append(_borrow_kernel(module, name, form))
+            else:
+                pieces.append(_borrow_function(module, name, form))
             form += 1
         cell.source = "\n\n\n".join(pieces)
     destination.parent.mkdir(parents=True, exist_ok=True)

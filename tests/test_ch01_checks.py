@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ch01
+from autograder.hidden import ch01 as hidden01
 from course import kv_sizing as reference
 
 
@@ -21,13 +22,13 @@ def test_a_crash_is_reported_with_the_call_that_crashed():
     def requests_fit_paged(lengths, capacity_tokens, block_size):
         return lengths[10]
 
-    with pytest.raises(AssertionError, match=r"requests_fit_paged\(lengths=\[10, 16, 17, 1\].*"
+    with pytest.raises(AssertionError, match=r"requests_fit_paged\(lengths=\[10, 20, 0\].*"
                                              r"raised IndexError"):
         ch01.check_requests_fit_paged(requests_fit_paged)
 
 
 def test_a_value_of_the_wrong_type_fails():
-    with pytest.raises(AssertionError, match="returned '524288'"):
+    with pytest.raises(AssertionError, match="returned '65536'"):
         ch01.check_kv_bytes_per_token(lambda **kw: str(reference.kv_bytes_per_token(**kw)))
 
 
@@ -43,7 +44,39 @@ def test_random_cases_are_seeded():
         seen.append((tuple(lengths), capacity_tokens, block_size))
         return reference.requests_fit_paged(lengths, capacity_tokens, block_size)
 
-    ch01.check_requests_fit_paged_thoroughly(recording)
+    hidden01.check_requests_fit_paged_thoroughly(recording)
     first, seen[:] = list(seen), []
-    ch01.check_requests_fit_paged_thoroughly(recording)
+    hidden01.check_requests_fit_paged_thoroughly(recording)
     assert seen == first
+
+
+@pytest.mark.parametrize("level", [ch01.check_num_gpu_blocks,
+                                   hidden01.check_num_gpu_blocks_thoroughly])
+def test_a_count_returned_as_a_float_fails_visible_and_hidden(level):
+    def num_gpu_blocks(**kw):
+        return float(reference.num_gpu_blocks(**kw))
+
+    with pytest.raises(AssertionError, match=r"returned 7168\.0, a float; it promises an int"
+                       if level is ch01.check_num_gpu_blocks else "a float; it promises an int"):
+        level(num_gpu_blocks)
+
+
+def test_a_request_longer_than_max_model_len_is_refused_before_counting():
+    with pytest.raises(ValueError, match="longer than max_model_len"):
+        reference.requests_fit_contiguous([100, 300, 2049], 4096, 2048)
+    assert reference.requests_fit_contiguous([2048, 2048], 4096, 2048) == 2
+
+
+def test_an_unwritten_function_is_told_so_before_an_unwritten_earlier_todo():
+    def kv_bytes_per_token(**kw):
+        raise NotImplementedError()
+
+    def kv_bytes_per_sequence(config, num_tokens, bytes_per_element=2):
+        raise NotImplementedError()
+
+    kv_bytes_per_sequence.__globals__["kv_bytes_per_token"] = kv_bytes_per_token
+    try:
+        with pytest.raises(AssertionError, match="kv_bytes_per_sequence is not written yet"):
+            ch01.check_kv_bytes_per_sequence(kv_bytes_per_sequence)
+    finally:
+        del kv_bytes_per_sequence.__globals__["kv_bytes_per_token"]

@@ -37,7 +37,12 @@ def grade(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedPro
 
 def _stderr_writer(lengths, capacity_tokens, block_size):
     print("debugging output", file=sys.stderr)
-    return kv_sizing.requests_fit_paged(lengths, capacity_tokens, block_size)
+    blocks_left = capacity_tokens // block_size
+    for admitted, length in enumerate(lengths):
+        blocks_left -= (length + block_size - 1) // block_size
+        if blocks_left < 0:
+            return admitted
+    return len(lengths)
 
 
 def _warner(num_layers, num_kv_heads, head_dim, bytes_per_element):

@@ -4,6 +4,8 @@ grader, and the kernels stand alone. Drawn from every import in their source, ho
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 
 import pytest
 from conftest import REPO
@@ -26,3 +28,13 @@ def test_a_lower_layer_imports_nothing_above_it(package):
     crossing = {str(path.relative_to(REPO)): sorted(_imports(path) & LAYERS[package])
                 for path in sorted((REPO / package).rglob("*.py"))}
     assert {k: v for k, v in crossing.items() if v} == {}
+
+
+def test_the_grading_kernel_imports_no_triton_before_setup_chooses_its_mode():
+    """``@triton.jit`` reads TRITON_INTERPRET when Triton is imported: a grader module that
+    imported it before ``course.setup()`` would leave the kernels compiled for a GPU."""
+    script = ("import sys\nimport autograder.borrowing, autograder.guard, autograder.private\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'kernels')))")
+    printed = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout
+    assert printed.strip() == "[]"

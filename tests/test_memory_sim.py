@@ -106,7 +106,7 @@ def test_the_chapter_2_figure_shows_paging_far_above_contiguous_reservation():
     from course.models import MODELS
 
     opt = MODELS["OPT-13B"]
-    blocks = kv_sizing.num_gpu_blocks(40 * 2**30, 0.9, opt.weight_bytes(2), 2**30,
+    blocks = kv_sizing.num_gpu_blocks(40 * 10**9, 0.9, opt.weight_bytes(2), 2**30,
                                       kv_sizing.kv_bytes_per_sequence(opt, 16))
     requests = sample_requests(SHAREGPT, 400, seed=0)
     share = {s.name: simulate(requests, s, blocks * 16).shares()["token_states"]

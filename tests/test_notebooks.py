@@ -9,8 +9,8 @@ import pytest
 from conftest import CHAPTERS, REPO
 from run_notebooks import errors, execute
 
+from autograder.autograde import Grader
 from autograder.chapters import EXERCISES
-from autograder.pipeline import Grader
 from autograder.release import render_exercise
 from autograder.render import answers, render, written_answers
 
@@ -42,7 +42,7 @@ def test_every_answer_in_the_library_belongs_to_a_notebook_cell():
 
 @pytest.mark.pipeline
 def test_exercises_are_generated_from_the_current_solutions(tmp_path):
-    grader = Grader(tmp_path)
+    grader = Grader(cache=tmp_path)  # released afresh, not from a cache
     for chapter in CHAPTERS:
         committed = (EXERCISES / f"{chapter.name}.ipynb").read_text(encoding="utf-8")
         assert render_exercise(grader, chapter) == committed, (

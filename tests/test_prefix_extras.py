@@ -90,3 +90,12 @@ def test_the_notebook_serves_through_a_correct_class_and_stands_in_for_an_unfini
         needs(learner_or_course_class(_Unfinished, _Unfinished, prefix_sim.probe))
     mix = prefix_sim.chat(20, system_prompt=40, mean_user=30, mean_output=10, seed=3)
     assert prefix_sim.serve(mix, 8, 400, manager_class=mine) == prefix_sim.serve(mix, 8, 400)
+
+
+def test_a_failure_caused_by_take_block_says_to_fix_it_first():
+    from autograder.checks import ch04
+
+    wrong = dict(MUTANTS["take_block"])
+    keeps_key = next(m for m in wrong if m.__name__ == "EvictedKeepsKey")
+    with pytest.raises(AssertionError, match="fix _take_block first"):
+        ch04.check_allocate(keeps_key)

@@ -10,6 +10,7 @@ import pytest
 from conftest import CHAPTERS
 
 from autograder import synthetic
+from autograder.autograde import NOT_RUN, without_demonstrations
 from autograder.chapters import EXERCISES
 from autograder.restore import Unmatched, rebuild
 
@@ -122,3 +123,17 @@ def test_a_deleted_answer_cell_leaves_its_stub_and_outputs_are_dropped():
     assert _answers(rebuilt.notebook)[_meta(deleted)["grade_id"]] == \
         _answers(released(FIRST))[_meta(deleted)["grade_id"]]
     assert all(c.outputs == [] for c in rebuilt.notebook.cells if c.cell_type == "code")
+
+
+def test_only_the_released_demonstrations_are_left_out_of_a_graded_run():
+    released = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("serve(workload)", metadata={"tags": ["demo"]}),
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_code_cell("animate(pool)", metadata={"tags": ["demo"]})])
+    learner = copy.deepcopy(released)
+    learner.cells[2].source = "animate(pool)\nprint('mine')"  # edited: the learner's own now
+    learner.cells.append(nbformat.v4.new_code_cell("serve(workload)"))  # a copy, untagged
+    graded = without_demonstrations(learner, released)
+    assert [c.source for c in graded.cells] == [
+        NOT_RUN, "x = 1", "animate(pool)\nprint('mine')", NOT_RUN]
+    assert learner.cells[0].source == "serve(workload)"  # the submission itself is untouched

@@ -63,6 +63,27 @@ def test_no_process_a_command_starts_survives_it(end, tmp_path):
     assert time.monotonic() - started < 30
 
 
+def test_nothing_grades_on_once_the_grader_that_started_it_is_killed(tmp_path):
+    """A grader (or a Dask worker) killed mid-notebook: its reaper ends everything below it."""
+    pids = tmp_path / "pids"
+    grader = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys\n"
+         "subprocess.run([sys.executable, '-m', 'autograder.reaper', '600', '--', "
+         f"sys.executable, '-c', {ESCAPES.format(end='time.sleep(600)')!r}],"
+         f" stdout=open({str(pids)!r}, 'w'))"], cwd=Path(__file__).parents[1])
+    deadline = time.monotonic() + 60
+    while pids.read_text().count("\n") < 2 if pids.exists() else True:
+        assert time.monotonic() < deadline, "the escapes never started"
+        time.sleep(0.1)
+    below = [int(word) for word in pids.read_text().split()]
+    grader.kill()
+    grader.wait()
+    while any(_alive(pid) for pid in below):
+        assert time.monotonic() < deadline, f"still running: {below}"
+        time.sleep(0.1)
+
+
 def test_the_command_runs_where_and_as_asked(tmp_path):
     output = run([sys.executable, "-c", "import os; print(os.getcwd()); "
                   "print(os.environ['HYPOTHESIS_STORAGE_DIRECTORY'])"], tmp_path, 30, Limits())

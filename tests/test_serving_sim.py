@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 from alternatives.ch05 import Scheduler as Alternative
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mutants.ch05 import MUTANTS
 
+from autograder.hidden import ch05 as hidden
 from course import serving_experiments as experiments
 from course.notebook import NotReady, learner_or_course_class, needs
 from course.scheduler import Request, Scheduler, StaticBatchScheduler, SwapSpaceFullError
@@ -91,12 +94,14 @@ def test_the_experiments_run_the_scheduler_they_are_given():
 
 
 def test_the_probe_takes_every_path_of_a_step():
-    plans = experiments.plans(Scheduler, **experiments.PROBE)
-    for mode, steps in plans.items():
-        prefill, decode, preempted, out, back, rejected = (
-            sum(len(step[k]) for step in steps) for k in range(6))
-        assert prefill and decode and preempted and rejected
-        assert (out and back) if mode == "swap" else not (out or back)
+    found = experiments.probe(Scheduler)
+    steps = [step for scenario in found for step in scenario if step[0] != "swap space full"]
+    for kind in range(6):  # prefill, decode, preempted, swapped out, swapped in, rejected
+        assert any(step[kind] for step in steps)
+    assert any(scenario[-1][0] == "swap space full" for scenario in found)
+    for scenario, steps in zip(experiments.PROBES, found, strict=True):
+        if scenario.get("preemption", "recompute") == "recompute":
+            assert not any(step[3] or step[4] for step in steps)
 
 
 def _policy(cls, course=Scheduler):
@@ -129,3 +134,73 @@ def test_an_unfinished_scheduler_stops_the_cell_where_the_course_has_no_answer(c
     with pytest.raises(NotReady, match="Finish your Unfinished"):
         needs(_policy(Unfinished, course=Stubbed))
     assert _policy(Alternative, course=Stubbed) is Alternative
+
+
+# -- two readings of chapter 5's policy agree on every input ----------------------------------
+
+
+def _trace(cls, specs, num_blocks, block_size, max_seqs, max_tokens, watermark, preemption,
+           cpu_blocks, max_steps) -> list[dict]:
+    """What a Scheduler class does with requests ``specs`` on a fake engine (every planned
+    request produces one token per step; done requests are finished), in the shape of the
+    hidden model's ``expected_run``."""
+    s = cls(num_blocks, block_size, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
+            watermark=watermark, preemption=preemption, cpu_blocks=cpu_blocks)
+    for i, (prompt, output) in enumerate(specs):
+        s.add(Request(i, prompt, output))
+
+    def state() -> dict:
+        return {"waiting": [r.id for r in s.waiting], "running": [r.id for r in s.running],
+                "swapped": [r.id for r in s.swapped], "free": s.gpu.num_free_blocks(),
+                "cpu_free": s.cpu.num_free_blocks(),
+                "kv": {r.id: s.gpu.seq_len(r.id) for r in s.running}}
+
+    steps: list[dict] = []
+    while len(steps) < max_steps and (s.waiting or s.running or s.swapped):
+        try:
+            plan = s.step()
+        except SwapSpaceFullError:
+            steps.append({"swap_full": True, **state()})
+            break
+        ids = {"prefill": [r.id for r in plan.prefill], "decode": [r.id for r in plan.decode],
+               "preempted": [r.id for r in plan.preempted],
+               "out": [r.id for r, _ in plan.swapped_out],
+               "in": [r.id for r, _ in plan.swapped_in],
+               "rejected": [r.id for r, _ in plan.rejected]}
+        step = {"swap_full": False, "plan": ids, **state()}
+        for request in plan.prefill + plan.decode:
+            request.generated += 1
+        done = [r for r in s.running if r.done]
+        for request in done:
+            s.finish(request)
+        step["finished"] = sorted(r.id for r in done)
+        steps.append(step)
+    return steps
+
+
+@st.composite
+def _scenarios(draw):
+    """Any input the text speaks of: pools smaller than a request (rejections), batch limits,
+    token budgets met exactly or smaller than a prompt, watermarks, both preemptions, CPU
+    pools from none to roomy."""
+    size = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    specs = draw(st.lists(st.tuples(st.integers(1, 24), st.integers(1, 16)), max_size=8))
+    prompts = [p for p, _ in specs]
+    exact = [sum(prompts[:k]) + d for k in range(1, len(prompts) + 1) for d in (0, 1, 2)]
+    tokens = draw(st.one_of(st.sampled_from(exact or [1]), st.integers(1, 64), st.just(8192)))
+    return dict(specs=specs, num_blocks=draw(st.integers(1, 24)), block_size=size,
+                max_seqs=draw(st.one_of(st.integers(1, 5), st.just(256))), max_tokens=tokens,
+                watermark=draw(st.sampled_from([0.0, 0.1, 0.25, 0.5])),
+                preemption=draw(st.sampled_from(["recompute", "swap"])),
+                cpu_blocks=draw(st.one_of(st.integers(0, 16), st.just(64))), max_steps=80)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_scenarios())
+def test_two_readings_of_the_scheduling_policy_agree_on_every_input(scenario):
+    """The hidden model (counters: tokens per request, free blocks, the queues) and the
+    course's Scheduler and the alternative (both on BlockManagers), each written from the
+    notebook's text, make the same plans, queues and pool counts step by step."""
+    model = hidden.expected_run(**scenario)
+    assert _trace(Scheduler, **scenario) == model
+    assert _trace(Alternative, **scenario) == model

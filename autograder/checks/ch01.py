@@ -1,56 +1,52 @@
 """Visible checks for chapter 1, KV cache sizing: the small, readable cases of each TODO's
 test cell. Expected values, and the values known mistakes give, come from the chapter's
 hidden module (``autograder.private``); the thorough checks are there too.
+
+A hint says which input broke, what was expected, what came back and which idea was missed
+(the known mistake that gives this value, else the TODO's idea); it never recites the fix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from autograder.checks._helpers import expect_equal
+from autograder.checks._contract import INT, Earlier, Promise, expect
 from autograder.private import private, visible
 from course.models import MODELS, ModelConfig
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
-KV_TOKEN_IDEA = (
-    "Per token, every layer stores one key and one value vector of head_dim elements for each "
-    "KV head: 2 x num_layers x num_kv_heads x head_dim x bytes_per_element."
-)
-MLA_IDEA = (
-    "MLA caches, per token and layer, one latent vector of kv_lora_rank elements plus one "
-    "decoupled RoPE key of qk_rope_head_dim elements, shared by all heads: "
-    "num_layers x (kv_lora_rank + qk_rope_head_dim) x bytes_per_element."
-)
-SEQ_IDEA = (
-    "A sequence's cache is its per-token bytes times its number of tokens, and the per-token "
-    "bytes count KV heads (config.num_kv_heads), not query heads; an MLA model "
-    "(config.kv_lora_rank set) caches its latent instead. If kv_bytes_per_token or "
-    "mla_kv_bytes_per_token fails its own test, fix that first."
-)
-BLOCKS_IDEA = (
-    "The engine may use gpu_memory_bytes x gpu_memory_utilization; the weights and the "
-    "activation peak come off that, and what is left is cut into whole blocks of "
-    "bytes_per_block (rounded down). A budget too small for one block, or below zero, gives 0."
-)
-CONTIGUOUS_IDEA = (
-    "A contiguous cache reserves max_model_len slots for every request, whatever its real "
-    "length, so capacity_tokens // max_model_len requests fit (and never more than there are)."
-)
-PAGED_IDEA = (
-    "Paged, a request of n tokens takes ceil(n / block_size) blocks out of "
-    "capacity_tokens // block_size, and requests are admitted first come, first served: stop "
-    "at the first one that does not fit."
-)
+KV_TOKEN_IDEA = ("One token's cache holds, in every layer, a key and a value for each KV head, "
+                 "counted in bytes.")
+MLA_IDEA = ("MLA caches, per token and layer, one latent vector and one decoupled RoPE key "
+            "shared by all heads, counted in bytes.")
+SEQ_IDEA = ("A sequence's cache is one token's cache for each of its tokens; one token's cache "
+            "counts the model's KV heads, or its latent when kv_lora_rank is set.")
+BLOCKS_IDEA = ("The engine's share of the GPU, less the weights and the activation peak, is "
+               "cut into whole blocks; less than one block left is no block at all.")
+CONTIGUOUS_IDEA = ("A contiguous cache reserves max_model_len slots for every request, "
+                   "whatever its real length.")
+FULL_LENGTH_IDEA = ("A request of exactly max_model_len tokens is allowed: it fills its "
+                    "reservation, and a pool of exactly k reservations holds k requests.")
+TOO_LONG_IDEA = ("No request may be longer than max_model_len (an engine refuses it on "
+                 "arrival): such a request in lengths is an error wherever it stands, even "
+                 "after the requests that fit.")
+PAGED_IDEA = ("Paged, a request holds whole blocks of the pool, and requests are admitted "
+              "first come, first served until the first one that does not fit.")
 
 
-def expect_cases(fn: Callable, cases: list[dict], ask: Callable, idea: str,
-                rel_tol: float = 1e-9) -> None:
+def expect_cases(fn: Callable, cases: list[dict], ask: Callable, idea: str | Callable,
+                 rel_tol: float = 1e-9, promise: Promise | None = None,
+                 earlier: Callable[[dict], list[Earlier]] | None = None) -> None:
     """``fn`` on each case (its keyword arguments); ``ask(**case)`` gives the expected value
-    and the values known mistakes give."""
-    for case in cases:
-        expected, known = ask(**case)
-        expect_equal(fn, case, expected, idea, known, rel_tol=rel_tol)
+    (or ``Raises``) and the values known mistakes give; ``idea`` may depend on the case;
+    ``earlier(case)``, the earlier TODOs ``fn`` may build on, with what they must give.
+    Every question is asked before the learner's code runs."""
+    asked = [(case, *ask(**case), idea(case) if callable(idea) else idea,
+              earlier(case) if earlier else []) for case in cases]
+    for case, expected, known, why, before in asked:
+        expect(fn, case, expected, why, known, rel_tol=rel_tol, promise=promise,
+               earlier=before)
 
 
 def _kv_token(layers: int, kv_heads: int, head_dim: int, bpe: float) -> dict:
@@ -72,11 +68,41 @@ def _blocks(gpu: int, util: str, weights: int, activations: int, block: int) -> 
                 activation_peak_bytes=activations, bytes_per_block=block)
 
 
+def _contiguous(lengths: list[int], capacity: int, max_len: int) -> dict:
+    return dict(lengths=lengths, capacity_tokens=capacity, max_model_len=max_len)
+
+
+def _paged(lengths: list[int], capacity: int, block_size: int) -> dict:
+    return dict(lengths=lengths, capacity_tokens=capacity, block_size=block_size)
+
+
+def per_token_todo(case: dict, hidden) -> list[Earlier]:
+    """The per-token TODO a sequence's size builds on, for ``case``'s model, and what it must
+    give (asked of ``hidden``: the chapter's hidden module, or what stands in for it)."""
+    config, bpe = case["config"], case["bytes_per_element"]
+    if config.kv_lora_rank is not None:
+        kwargs = _mla(config.num_layers, config.kv_lora_rank, config.qk_rope_head_dim, bpe)
+        return [Earlier("mla_kv_bytes_per_token", kwargs, hidden.mla_case(**kwargs)[0])]
+    kwargs = _kv_token(config.num_layers, config.num_kv_heads, config.head_dim, bpe)
+    return [Earlier("kv_bytes_per_token", kwargs, hidden.kv_token_case(**kwargs)[0])]
+
+
+def contiguous_idea(case: dict) -> str:
+    """The idea a contiguous case tests: the length limit, a full-length request, or the
+    reservation itself."""
+    if any(n > case["max_model_len"] for n in case["lengths"]):
+        return TOO_LONG_IDEA
+    if case["max_model_len"] in case["lengths"]:
+        return FULL_LENGTH_IDEA
+    return CONTIGUOUS_IDEA
+
+
 @visible
 def check_kv_bytes_per_token(fn: Callable) -> None:
-    """Llama-2-7B in fp16 (512 KiB), Llama-3-8B in fp16 (128 KiB), one tiny layer in fp8."""
-    expect_cases(fn, [_kv_token(32, 32, 128, 2), _kv_token(32, 8, 128, 2), _kv_token(1, 1, 4, 1)],
-                private("01").kv_token_case, KV_TOKEN_IDEA)
+    """Llama-3-8B in fp8 (64 KiB), one tiny layer in fp32 (32 bytes), Llama-2-7B in fp16
+    (512 KiB): each known mistake gives a value of its own on the first case it fails."""
+    expect_cases(fn, [_kv_token(32, 8, 128, 1), _kv_token(1, 1, 4, 4), _kv_token(32, 32, 128, 2)],
+                 private("01").kv_token_case, KV_TOKEN_IDEA)
 
 
 @visible
@@ -89,39 +115,46 @@ def check_mla_kv_bytes_per_token(fn: Callable) -> None:
 def check_kv_bytes_per_sequence(fn: Callable) -> None:
     """Llama-2-7B (MHA), Llama-3-8B (GQA, fp16 and fp8) and DeepSeek-V2 (MLA)."""
     expect_cases(fn, [_sequence(MODELS["Llama-2-7B"], 1, 2),
-                     _sequence(MODELS["Llama-3-8B"], 1000, 2),
-                     _sequence(MODELS["Llama-3-8B"], 1000, 1),
-                     _sequence(MODELS["DeepSeek-V2"], 10, 2)],
-                private("01").sequence_case, SEQ_IDEA)
+                      _sequence(MODELS["Llama-3-8B"], 1000, 2),
+                      _sequence(MODELS["Llama-3-8B"], 1000, 1),
+                      _sequence(MODELS["DeepSeek-V2"], 10, 2)],
+                 private("01").sequence_case, SEQ_IDEA,
+                 earlier=lambda case: per_token_todo(case, private("01")))
 
 
 @visible
 def check_num_gpu_blocks(fn: Callable) -> None:
-    """An 80 GiB GPU at 0.9 with 14 GiB of weights and a 2 GiB activation peak, 8 MiB blocks
-    (56 GiB left: 7168 blocks); Llama-3-8B's 16.06 GB of weights and 2 MiB blocks on the same
-    GPU (28,182 whole blocks and a bit); and a 16 GiB GPU that leaves no room at all."""
+    """A GPU of 80 GiB at 0.9 with 14 GiB of weights and a 2 GiB activation peak, 8 MiB
+    blocks (56 GiB left: 7168 blocks); Llama-3-8B's 16.06 GB of weights and 2 MiB blocks on
+    the same GPU (28,181.995 blocks' worth: 28,181 whole blocks); and a 16 GiB GPU that leaves
+    no room at all. The answer is an int."""
     expect_cases(fn, [_blocks(80 * GiB, "0.9", 14 * GiB, 2 * GiB, 8 * MiB),
-                     _blocks(80 * GiB, "0.9", 16_060_000_000, 2 * GiB, 2 * MiB),
-                     _blocks(16 * GiB, "0.9", 14 * GiB, 1 * GiB, 8 * MiB)],
-                private("01").blocks_case, BLOCKS_IDEA, rel_tol=0)
+                      _blocks(80 * GiB, "0.9", 16_060_000_000, 2 * GiB, 2 * MiB),
+                      _blocks(16 * GiB, "0.9", 14 * GiB, 1 * GiB, 8 * MiB)],
+                 private("01").blocks_case, BLOCKS_IDEA, rel_tol=0, promise=INT)
 
 
 @visible
 def check_requests_fit_contiguous(fn: Callable) -> None:
     """Four requests in 8192 and in 6000 slots at max_model_len 2048; ten 10-token requests
-    in 4096; two requests with room for four."""
+    in 4096; two requests with room for four; two full-length requests in exactly two
+    reservations; a request longer than max_model_len behind two that fit. The answer is an
+    int."""
     cases = [([100, 300, 2000, 50], 8192, 2048), ([100, 300, 2000, 50], 6000, 2048),
-             ([10] * 10, 4096, 2048), ([100, 300], 8192, 2048)]
-    expect_cases(fn, [dict(lengths=lengths, capacity_tokens=capacity, max_model_len=max_len)
-                     for lengths, capacity, max_len in cases],
-                private("01").contiguous_case, CONTIGUOUS_IDEA, rel_tol=0)
+             ([10] * 10, 4096, 2048), ([100, 300], 8192, 2048), ([2048, 2048], 4096, 2048),
+             ([100, 300, 2049], 4096, 2048)]
+    expect_cases(fn, [_contiguous(*case) for case in cases], private("01").contiguous_case,
+                 contiguous_idea, rel_tol=0, promise=INT)
 
 
 @visible
 def check_requests_fit_paged(fn: Callable) -> None:
-    """Four blocks of 16: 10, 16 and 17 tokens take 1 + 1 + 2 blocks, so the fourth waits;
-    and a 40-token request that blocks the queue behind it."""
-    cases = [([10, 16, 17, 1], 64, 16), ([16, 40, 16], 48, 16)]
-    expect_cases(fn, [dict(lengths=lengths, capacity_tokens=capacity, block_size=block_size)
-                     for lengths, capacity, block_size in cases],
-                private("01").paged_case, PAGED_IDEA, rel_tol=0)
+    """Three blocks of 16: 10, 20 and 0 tokens take 1 + 2 + 0 blocks, the whole pool; three
+    requests of exactly one block; a 33-token request that needs 3 blocks where 2 are left,
+    holding up the small ones behind it. Four blocks: 10, 16 and 17 tokens take 1 + 1 + 2
+    blocks, so the fourth waits. The answer is an int."""
+    cases = [([10, 20, 0], 48, 16), ([16, 16, 16], 48, 16), ([10, 33, 1, 1, 10], 48, 16),
+             ([10, 16, 17, 1], 64, 16)]
+    expect_cases(fn, [_paged(*case) for case in cases], private("01").paged_case, PAGED_IDEA,
+                 rel_tol=0, promise=INT)
+

@@ -6,22 +6,30 @@ enumerate slots one by one instead of dividing; and the known mistakes a hint na
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from fractions import Fraction
+from functools import lru_cache
 
 from hypothesis import strategies as st
 
+from autograder.checks._contract import INT, LIST_OF_INTS, TUPLE_OF_INTS, Raises
 from autograder.checks._helpers import for_all, mistakes
 from autograder.checks.ch02 import (
     BLOCKS_IDEA,
     CONTIGUOUS_IDEA,
     LOCATE_IDEA,
-    MAPPING_IDEA,
     PAGED_IDEA,
     SLOT_IDEA,
     WASTE_IDEA,
     _at,
+    _span,
+    blocks_todo,
     expect_case,
+    locate_todo,
+    mapping_idea,
+    outside_idea,
+    slot_id_todos,
 )
 from autograder.private import thorough
 
@@ -40,13 +48,28 @@ def _table_and_position(draw, inside: bool = True):
         position = draw(st.one_of(st.sampled_from(near_boundary), st.integers(0, span - 1)))
         position = min(max(position, 0), span - 1)
     else:
-        position = draw(st.one_of(st.integers(span, span + 3 * block_size), st.integers(-50, -1)))
+        position = draw(st.one_of(st.sampled_from([span, -1]),
+                                  st.integers(span, span + 3 * block_size),
+                                  st.integers(-50, -1)))
     return table, block_size, position
 
 
 def _slots_in_order(table: list[int], block_size: int) -> list[tuple[int, int]]:
     """(physical block, offset) of every logical position, enumerated one slot at a time."""
-    return [(block, offset) for block in table for offset in range(block_size)]
+    return list(_enumerated(tuple(table), block_size))
+
+
+@lru_cache(maxsize=256)
+def _enumerated(table: tuple[int, ...], block_size: int) -> tuple[tuple[int, int], ...]:
+    return tuple((block, offset) for block in table for offset in range(block_size))
+
+
+def _inside(case: dict) -> bool:
+    return 0 <= case["position"] < len(case["block_table"]) * case["block_size"]
+
+
+def _position_idea(inside_idea: str) -> Callable[[dict], str]:
+    return lambda case: inside_idea if _inside(case) else outside_idea(case["position"])
 
 
 # --- blocks_needed -------------------------------------------------------------------------
@@ -57,7 +80,7 @@ _BLOCKS_MISTAKES = [
     (lambda num_tokens, block_size: num_tokens // block_size + 1,
      "Off by one on a block boundary: n = k x block_size tokens fill exactly k blocks."),
     (lambda num_tokens, block_size: -(-num_tokens // block_size) * block_size,
-     "That is a number of slots: divide by block_size to count blocks."),
+     "That is a number of slots, not of blocks."),
 ]
 
 
@@ -81,7 +104,8 @@ def check_blocks_needed_thoroughly(fn: Callable) -> None:
         return n, block_size
 
     for_all(cases(), lambda case: expect_case(
-        fn, dict(num_tokens=case[0], block_size=case[1]), blocks_case, BLOCKS_IDEA, rel_tol=0))
+        fn, dict(num_tokens=case[0], block_size=case[1]), blocks_case, BLOCKS_IDEA, rel_tol=0,
+        promise=INT))
 
 
 # --- locate --------------------------------------------------------------------------------
@@ -94,11 +118,11 @@ _LOCATE_MISTAKES = [
     (lambda position, block_table, block_size:
         (block_table[position // block_size],
          position - block_table[position // block_size] * block_size),
-     "The offset is the position within its logical block (t % block_size), not relative to "
-     "the physical block."),
+     "The offset is the position's place within its logical block, not relative to the "
+     "physical block's number."),
     (lambda position, block_table, block_size:
         (position // block_size, position % block_size),
-     "That is the logical block: translate it through the block table."),
+     "That is the logical block: the block table says which physical block holds it."),
     (lambda position, block_table, block_size:
         (block_table[(position + 1) // block_size], (position + 1) % block_size)
         if (position + 1) // block_size < len(block_table) else None,
@@ -107,22 +131,26 @@ _LOCATE_MISTAKES = [
 
 
 def _slot_at(case: dict) -> tuple[int, int] | None:
-    slots = _slots_in_order(case["block_table"], case["block_size"])
+    slots = _enumerated(tuple(case["block_table"]), case["block_size"])
     return slots[case["position"]] if 0 <= case["position"] < len(slots) else None
 
 
 def locate_case(**case) -> tuple:
     found = _slot_at(case)
-    return found, mistakes(_LOCATE_MISTAKES, case) if found else []
+    if found is None:
+        return Raises(IndexError), []
+    return found, mistakes(_LOCATE_MISTAKES, case)
 
 
 @thorough
 def check_locate_thoroughly(fn: Callable) -> None:
-    """Random tables and block sizes; positions at t = kB - 1 and kB; positions outside."""
+    """Random tables and block sizes; positions at t = kB - 1 and kB; positions outside, at
+    -1 and at exactly len(table) x block_size among them; always a tuple of two int."""
     for inside, examples in [(True, 150), (False, 60)]:
         for_all(_table_and_position(inside=inside),
                 lambda case: expect_case(fn, _at(case[2], case[0], case[1]), locate_case,
-                                        LOCATE_IDEA), max_examples=examples)
+                                         _position_idea(LOCATE_IDEA), promise=TUPLE_OF_INTS),
+                max_examples=examples)
 
 
 # --- slot_id -------------------------------------------------------------------------------
@@ -133,24 +161,31 @@ _SLOT_MISTAKES = [
     (lambda position, block_table, block_size:
         block_table[position // block_size] + position % block_size
         if position // block_size < len(block_table) else None,
-     "Multiply the physical block by block_size before adding the offset."),
+     "That adds the offset to the physical block's number, not to where that block starts "
+     "in the pool: each block is block_size slots long."),
 ]
 
 
 def slot_case(**case) -> tuple:
     found = _slot_at(case)
     if found is None:
-        return None, []
+        return Raises(IndexError), []
     return found[0] * case["block_size"] + found[1], mistakes(_SLOT_MISTAKES, case)
 
 
 @thorough
 def check_slot_id_thoroughly(fn: Callable) -> None:
-    """Random tables and block sizes; positions at block boundaries and outside the table."""
+    """Random tables and block sizes; positions at block boundaries and outside the table;
+    always an int."""
+    hidden = sys.modules[__name__]
     for inside, examples in [(True, 150), (False, 40)]:
         for_all(_table_and_position(inside=inside),
-                lambda case: expect_case(fn, _at(case[2], case[0], case[1]), slot_case,
-                                        SLOT_IDEA), max_examples=examples)
+                lambda case: expect_case(
+                    fn, _at(case[2], case[0], case[1]), slot_case, _position_idea(SLOT_IDEA),
+                    promise=INT, earlier=lambda at: locate_todo(hidden, at["position"],
+                                                                at["block_table"],
+                                                                at["block_size"])),
+                max_examples=examples)
 
 
 # --- slot_mapping --------------------------------------------------------------------------
@@ -161,45 +196,80 @@ def _mapping_oracle(table: list[int], block_size: int, start: int, end: int) -> 
     return [block * block_size + offset for block, offset in slots[start:end]]
 
 
+def _clipped(block_table, block_size, start, end):
+    span = len(block_table) * block_size
+    return _mapping_oracle(block_table, block_size, start, end) if end > span >= start >= 0 \
+        else None
+
+
 _MAPPING_MISTAKES = [
     (lambda block_table, block_size, start, end:
         _mapping_oracle(block_table, block_size, start, end + 1)
-        if end < len(block_table) * block_size else None,
+        if start <= end < len(block_table) * block_size else None,
      "end is exclusive: the last position is end - 1."),
     (lambda block_table, block_size, start, end:
-        _mapping_oracle(block_table, block_size, 0, end - start),
+        _mapping_oracle(block_table, block_size, 0, end - start) if start < end else None,
      "Begin at position start, not at 0."),
-    (lambda block_table, block_size, start, end: list(range(start, end)),
-     "Those are logical positions: map each through the block table."),
+    (lambda block_table, block_size, start, end: list(range(start, end)) if start < end
+        else None,
+     "Those are logical positions: each goes through the block table to its slot."),
+    (lambda block_table, block_size, start, end:
+        _mapping_oracle(block_table, block_size, end, start) if end < start else None,
+     "A range with end < start is empty: it is not read backwards."),
 ]
 
 
 def mapping_case(**case) -> tuple:
-    expected = _mapping_oracle(case["block_table"], case["block_size"], case["start"],
-                               case["end"])
+    start, end = case["start"], case["end"]
+    if end <= start:
+        return [], mistakes(_MAPPING_MISTAKES, case)
+    if start < 0 or end > len(case["block_table"]) * case["block_size"]:
+        return Raises(IndexError), []
+    expected = _mapping_oracle(case["block_table"], case["block_size"], start, end)
     return expected, mistakes(_MAPPING_MISTAKES, case)
 
 
 @thorough
 def check_slot_mapping_thoroughly(fn: Callable) -> None:
-    """Random tables, block sizes and ranges, empty ranges, ranges ending on a boundary."""
+    """Random tables, block sizes and ranges: inside the table, ending exactly at its end,
+    empty (anywhere, even outside), reversed, running past its end, starting before 0;
+    always a list of int."""
+    hidden = sys.modules[__name__]
 
     @st.composite
     def cases(draw):
         table, block_size, start = draw(_table_and_position())
-        end = draw(st.integers(start, len(table) * block_size))
-        return dict(block_table=table, block_size=block_size, start=start, end=end)
+        span = len(table) * block_size
+        kind = draw(st.sampled_from(["inside", "to the end", "empty", "reversed", "past the end",
+                                     "before 0"]))
+        if kind == "inside":
+            end = draw(st.integers(start, span))
+        elif kind == "to the end":
+            end = span
+        elif kind == "empty":
+            start = end = draw(st.integers(-3 * block_size, span + 3 * block_size))
+        elif kind == "reversed":
+            end = draw(st.integers(-3 * block_size, span + 3 * block_size))
+            start = draw(st.integers(end + 1, end + 2 * span + 1))
+        elif kind == "past the end":
+            end = draw(st.integers(span + 1, span + 2 * block_size))
+        else:
+            start = draw(st.integers(-2 * block_size, -1))
+            end = draw(st.integers(start + 1, span))
+        return _span(table, block_size, start, end)
 
-    for_all(cases(), lambda case: expect_case(fn, case, mapping_case, MAPPING_IDEA),
-            max_examples=100)
+    for_all(cases(), lambda case: expect_case(fn, case, mapping_case, mapping_idea,
+                                              promise=LIST_OF_INTS,
+                                              earlier=lambda c: slot_id_todos(hidden, c)),
+            max_examples=150)
 
 
 # --- last_block_waste ----------------------------------------------------------------------
 
 _WASTE_MISTAKES = [
     (lambda num_tokens, block_size: block_size - num_tokens % block_size,
-     "An exact fit wastes nothing: block_size - n % block_size gives block_size when n is a "
-     "multiple of block_size, and the waste is never more than block_size - 1."),
+     "An exact fit wastes nothing: that counts a whole empty block when the tokens fill their "
+     "blocks exactly."),
     (lambda num_tokens, block_size: num_tokens % block_size,
      "That is how many slots of the last block are used, not how many are empty."),
 ]
@@ -222,7 +292,10 @@ def check_last_block_waste_thoroughly(fn: Callable) -> None:
                            st.just(k * block_size + 1)))
         return dict(num_tokens=n, block_size=block_size)
 
-    for_all(cases(), lambda case: expect_case(fn, case, waste_case, WASTE_IDEA, rel_tol=0))
+    hidden = sys.modules[__name__]
+    for_all(cases(), lambda case: expect_case(
+        fn, case, waste_case, WASTE_IDEA, rel_tol=0, promise=INT,
+        earlier=lambda c: blocks_todo(hidden, [c["num_tokens"]], c["block_size"])))
 
 
 # --- contiguous_utilisation and paged_utilisation ------------------------------------------
@@ -230,12 +303,11 @@ def check_last_block_waste_thoroughly(fn: Callable) -> None:
 _CONTIGUOUS_MISTAKES = [
     (lambda lengths, max_model_len: len(lengths) * max_model_len / sum(lengths)
         if sum(lengths) else None,
-     "That is upside down: divide the tokens by the allocated slots."),
+     "That is upside down: allocated slots per token, not tokens per allocated slot."),
     (lambda lengths, max_model_len: sum(lengths) / (len(lengths) * max(lengths)),
      "Each sequence reserves max_model_len, not the longest length in the set."),
     (lambda lengths, max_model_len: sum(lengths) / max_model_len,
-     "Every sequence reserves its own max_model_len slots: multiply by the number of "
-     "sequences."),
+     "That counts one reservation: every sequence reserves its own max_model_len slots."),
 ]
 _PAGED_MISTAKES = [
     (lambda lengths, block_size:
@@ -284,4 +356,7 @@ def check_paged_utilisation_thoroughly(fn: Callable) -> None:
                        .filter(lambda ls: sum(ls) > 0))
         return dict(lengths=lengths, block_size=block_size)
 
-    for_all(cases(), lambda case: expect_case(fn, case, paged_case, PAGED_IDEA))
+    hidden = sys.modules[__name__]
+    for_all(cases(), lambda case: expect_case(
+        fn, case, paged_case, PAGED_IDEA,
+        earlier=lambda c: blocks_todo(hidden, c["lengths"], c["block_size"])))

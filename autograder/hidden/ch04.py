@@ -24,8 +24,10 @@ from autograder.checks._helpers import for_all, not_written, run_stateful
 from autograder.checks.ch04 import (
     _KEY_IDEA,
     ROOT,
+    _blame,
     _check_prefix,
     _differ,
+    _eviction_cases,
     _Harness,
     _key,
     check_block_key,
@@ -55,6 +57,18 @@ def check_block_key_thoroughly(fn: Callable) -> None:
             _differ(fn, a, b, "different inputs must get different keys.")
 
     for_all(st.tuples(blocks, blocks), distinct, max_examples=200)
+
+    @st.composite
+    def moved(draw):  # one run of values, split at two points between tokens and extra keys
+        values = draw(st.lists(st.integers(0, 99), min_size=2, max_size=8))
+        first, second = draw(st.lists(st.integers(1, len(values)), min_size=2, max_size=2,
+                                      unique=True))
+        return tuple((ROOT, values[:cut], tuple(str(v) for v in values[cut:]))
+                     for cut in (first, second))
+
+    for_all(moved(), lambda pair: _differ(
+        fn, *pair, "a value that moved from the tokens into the extra keys is a different "
+        "input: the encoding must keep the two apart."), max_examples=100)
 
 
 @thorough
@@ -156,6 +170,7 @@ def model(num_blocks: int, block_size: int) -> _Model:
 
 
 def _machine(cls: type, operations: set[str]) -> type:
+    blame = _blame(cls)
     prompts = st.lists(st.integers(0, 2), max_size=12)  # few token values: many shared prefixes
 
     class PrefixCacheMachine(RuleBasedStateMachine):
@@ -164,7 +179,8 @@ def _machine(cls: type, operations: set[str]) -> type:
 
         @initialize(num_blocks=st.integers(1, 10), block_size=st.sampled_from([1, 2, 3, 4]))
         def create(self, num_blocks: int, block_size: int) -> None:
-            self.h = _Harness(cls, num_blocks, block_size, model(num_blocks, block_size))
+            self.h = _Harness(cls, num_blocks, block_size, model(num_blocks, block_size),
+                              blame)
 
         @rule(tokens=prompts, salted=st.booleans())
         def allocate(self, tokens: list[int], salted: bool) -> None:
@@ -247,7 +263,9 @@ def check_take_block_thoroughly(cls: type) -> None:
 
 @thorough
 def check_allocate_thoroughly(cls: type) -> None:
-    """Random prompts with shared prefixes and salts into random small pools."""
+    """Hits waiting in the free queue (the visible cases), then random prompts with shared
+    prefixes and salts into random small pools."""
+    _eviction_cases(cls, _blame(cls))
     _stateful(cls, set())
 
 
@@ -262,4 +280,21 @@ def check_free_thoroughly(cls: type) -> None:
     """The visible scenarios, then random interleavings of every operation, with eviction,
     revival and the sentinel."""
     check_free(cls)
+    _parent_evicted(cls)
     _stateful(cls, {"append", "free"}, max_examples=200)
+
+
+def _parent_evicted(cls: type) -> None:
+    """A block cached while its parent's key lives in another block, which is evicted first: a
+    later prompt must stop at the evicted parent and not reuse the child (a lookup that skips
+    a miss maps KV of another position into the table)."""
+    h = _Harness(cls, 7, 2, model(7, 2), _blame(cls))
+    h.allocate(0, [1, 2, 3])  # block 0 caches [1, 2]
+    h.allocate(1, [1])  # no hit: the last token is computed
+    for token in (2, 3, 4):  # its first block duplicates [1, 2] (not cached); [1, 2, 3, 4] is
+        h.append(1, token)
+    h.free(0)
+    h.allocate(2, [7] * 9)  # takes every free block: block 0, holding [1, 2], is evicted
+    h.free(1)
+    h.free(2)
+    h.allocate(3, [1, 2, 3, 4, 5])  # [1, 2] is a miss, so [1, 2, 3, 4] must not hit

@@ -39,6 +39,8 @@ def num_gpu_blocks(gpu_memory_bytes, gpu_memory_utilization, weight_bytes,
 
 
 def requests_fit_contiguous(lengths, capacity_tokens, max_model_len):
+    if max(lengths, default=0) > max_model_len:
+        raise ValueError("a request is longer than max_model_len")
     count = 0
     remaining = capacity_tokens
     for _ in lengths:

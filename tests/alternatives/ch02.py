@@ -11,7 +11,7 @@ def blocks_needed(num_tokens, block_size):
 
 def locate(position, block_table, block_size):
     if position < 0:
-        raise ValueError("negative position")
+        raise IndexError("negative position")
     remaining = position
     for physical in block_table:
         if remaining < block_size:

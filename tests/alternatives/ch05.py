@@ -74,15 +74,15 @@ class Scheduler:
             position += 1
 
     def preempt(self, victim, plan):
+        tokens = self.gpu.seq_len(victim.id)
+        if self.preemption == "swap" and self.blocks_for(tokens) > self.cpu.num_free_blocks():
+            raise SwapSpaceFullError(f"no room in the CPU pool for request {victim.id}")
         self.running.pop(self.running.index(victim))
         plan.preempted.append(victim)
         if self.preemption != "swap":
             self.gpu.free(victim.id)
             self.waiting.insert(0, victim)
             return
-        tokens = self.gpu.seq_len(victim.id)
-        if self.blocks_for(tokens) > self.cpu.num_free_blocks():
-            raise SwapSpaceFullError(f"no room in the CPU pool for request {victim.id}")
         source = self.gpu.block_table(victim.id)
         target = self.cpu.allocate(victim.id, tokens)
         plan.swapped_out.append((victim, [(source[i], target[i]) for i in range(len(target))]))

@@ -21,6 +21,22 @@ def _python_hash(parent_key, tokens, extra_keys=()):
     return hash((parent_key, tuple(tokens), tuple(extra_keys)))
 
 
+def _values_joined(parent_key, tokens, extra_keys=()):
+    """Joins every value with a separator: a token moved into the extra keys looks the same."""
+    import hashlib
+
+    text = "|".join([parent_key, *map(str, tokens), *map(str, extra_keys)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _hash_hexed(parent_key, tokens, extra_keys=()):
+    """sha256 over Python's hash(): long enough, but another process gets another key."""
+    import hashlib
+
+    return hashlib.sha256(str(hash((parent_key, tuple(tokens), tuple(extra_keys)))).encode()
+                          ).hexdigest()
+
+
 def _partial_block_keyed(tokens, block_size, extra_keys=()):
     keys = reference.prefix_keys(tokens, block_size, extra_keys)
     if len(tokens) % block_size:
@@ -93,6 +109,71 @@ class RevivedNotCounted(PrefixCachingBlockManager):
         return len(hits) * self.block_size
 
 
+def _allocate_fresh_first(self, seq_id, tokens, extra_keys, revive):
+    keys = reference.prefix_keys(tokens, self.block_size, extra_keys)
+    max_hits = (len(tokens) - 1) // self.block_size if tokens else 0
+    hits = []
+    for key in keys[:max_hits]:
+        if key not in self.cache:
+            break
+        hits.append(self.cache[key])
+    needed = -(-len(tokens) // self.block_size) - len(hits)
+    revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+    if needed + revived > len(self.free_queue):
+        raise reference.NoFreeBlocksError("full")
+    fresh = [self._take_block() for _ in range(needed)]  # may evict a hit
+    for block in hits:
+        revive(block)
+        self.ref_counts[block] += 1
+    self.tables[seq_id] = hits + fresh
+    self.tokens[seq_id], self.extra[seq_id] = list(tokens), tuple(extra_keys)
+    self.seq_keys[seq_id] = []
+    self._cache_full_blocks(seq_id)
+    return len(hits) * self.block_size
+
+
+class FreshBeforeRevive(PrefixCachingBlockManager):
+    """Takes the fresh blocks, then revives the hits (one may have been taken already)."""
+
+    def allocate(self, seq_id, tokens, extra_keys=()):
+        def revive(block):
+            if self.ref_counts[block] == 0:
+                del self.free_queue[block]
+        return _allocate_fresh_first(self, seq_id, tokens, extra_keys, revive)
+
+
+class FreshBeforeReviveQuietly(PrefixCachingBlockManager):
+    """The same order, with a revival that ignores a hit no longer in the free queue."""
+
+    def allocate(self, seq_id, tokens, extra_keys=()):
+        return _allocate_fresh_first(self, seq_id, tokens, extra_keys,
+                                     lambda block: self.free_queue.pop(block, None))
+
+
+class SkipsMisses(PrefixCachingBlockManager):
+    """Looks every key up and keeps the cached ones, instead of stopping at the first miss."""
+
+    def allocate(self, seq_id, tokens, extra_keys=()):
+        if seq_id in self.tables:
+            raise ValueError("exists")
+        keys = reference.prefix_keys(tokens, self.block_size, extra_keys)
+        max_hits = (len(tokens) - 1) // self.block_size if tokens else 0
+        hits = [self.cache[key] for key in keys[:max_hits] if key in self.cache]
+        needed = -(-len(tokens) // self.block_size) - len(hits)
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+        if needed + revived > len(self.free_queue):
+            raise reference.NoFreeBlocksError("full")
+        for block in hits:
+            if self.ref_counts[block] == 0:
+                del self.free_queue[block]
+            self.ref_counts[block] += 1
+        self.tables[seq_id] = hits + [self._take_block() for _ in range(needed)]
+        self.tokens[seq_id], self.extra[seq_id] = list(tokens), tuple(extra_keys)
+        self.seq_keys[seq_id] = []
+        self._cache_full_blocks(seq_id)
+        return len(hits) * self.block_size
+
+
 class DecodedBlocksNeverCached(PrefixCachingBlockManager):
     def append_slot(self, seq_id, token):
         table, length = self.tables[seq_id], len(self.tokens[seq_id])
@@ -124,11 +205,16 @@ class HeadFirst(PrefixCachingBlockManager):
 MUTANTS = {
     "block_key": [(_content_only, "the same tokens after a different prefix"),
                   (_run_together, "runs tokens together"),
-                  (_python_hash, "at least 128 bits")],
+                  (_python_hash, "at least 128 bits"),
+                  (_values_joined, "moved from the tokens into the extra keys"),
+                  (_hash_hexed, "PYTHONHASHSEED")],
     "prefix_keys": [(_partial_block_keyed, "A partial last block has no key"),
                     (_not_chained, "chain its parent's key")],
     "take_block": [(EvictedKeepsKey, "Forget the key")],
-    "allocate": [(HitsLastToken, "the last token is always computed")],
+    "allocate": [(HitsLastToken, "the last token is always computed"),
+                 (FreshBeforeRevive, "Revive the hits first"),
+                 (FreshBeforeReviveQuietly, "Revive the hits first"),
+                 (SkipsMisses, "stopping at the first miss")],
     "append_slot": [(DecodedBlocksNeverCached, "cached once it is full")],
     "free": [(RevivedNotCounted, "revived"), (EvictsBlocksInUse, "still uses it"),
              (HeadFirst, "tail first")],

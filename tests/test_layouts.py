@@ -14,7 +14,7 @@ from conftest import CHAPTERS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autograder.submissions import collect, course_directory, split_name, unpack
+from autograder.layouts import collect, course_directory, split_name, unpack
 
 SLUGS = [c.name for c in CHAPTERS]
 FIRST, SECOND = SLUGS[0], SLUGS[1]

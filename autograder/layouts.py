@@ -29,8 +29,8 @@ SEPARATORS = ("_", "-")
 
 
 @dataclass
-class Submission:
-    """One file handed in: whose, for which chapter (as named), and when."""
+class Found:
+    """A file found for a learner and chapter (as its place names them), and when it came."""
 
     path: Path  # where it can be read now (inside a temporary folder for a zip)
     origin: str  # what to call it in reports: the path given, or ``archive.zip:entry``
@@ -78,7 +78,7 @@ def course_directory(folder: Path) -> Path | None:
 
 
 def collect(folder: Path, slugs: Iterable[str], origin_of=None,
-            time_of=None) -> tuple[list[Submission], list[Problem]]:
+            time_of=None) -> tuple[list[Found], list[Problem]]:
     """Every submission under ``folder``, in a stable order, and the problems found.
 
     ``origin_of(path)`` names a file in reports (default: its path); ``time_of(path)`` is
@@ -89,7 +89,7 @@ def collect(folder: Path, slugs: Iterable[str], origin_of=None,
     time_of = time_of or _modified
     course = course_directory(folder)
     root = course / "submitted" if course is not None else folder
-    found: list[Submission] = []
+    found: list[Found] = []
     problems: list[Problem] = []
     for path in sorted(root.rglob("*.ipynb")):
         parts = path.relative_to(root).parts
@@ -102,7 +102,7 @@ def collect(folder: Path, slugs: Iterable[str], origin_of=None,
         learner, chapter = located
         stamp = _nbgrader_timestamp(path.parent) if len(parts) >= 3 and \
             parts[-2] == chapter else None
-        found.append(Submission(path, origin_of(path), learner, chapter,
+        found.append(Found(path, origin_of(path), learner, chapter,
                                 stamp or time_of(path)))
     return _without_duplicates(found, problems)
 
@@ -124,9 +124,9 @@ def _locate(parts: tuple[str, ...], slugs: list[str]) -> tuple[str, str] | str:
             f"one of {', '.join(slugs)}")
 
 
-def _without_duplicates(found: list[Submission], problems: list[Problem]
-                        ) -> tuple[list[Submission], list[Problem]]:
-    groups: dict[tuple[str, str], list[Submission]] = {}
+def _without_duplicates(found: list[Found], problems: list[Problem]
+                        ) -> tuple[list[Found], list[Problem]]:
+    groups: dict[tuple[str, str], list[Found]] = {}
     for submission in found:
         groups.setdefault((submission.learner, submission.chapter), []).append(submission)
     kept = []

@@ -1,0 +1,332 @@
+"""One submission through the real nbgrader, in a place of its own: data in, data out.
+
+    <cache>/templates/NN_slug-<source hash>/  a released course of the chapter, with its own
+                                             gradebook (hidden tests registered), built once
+                                             per chapter source and copied for every submission
+    <temp>/kv-course-learner-XXXX/          one submission's course: a copy of the template
+        submitted/<learner>/NN_slug/NN_slug.ipynb   the submission, rebuilt (``restore``)
+        autograded/<learner>/NN_slug/NN_slug.ipynb  (the kernel's working directory)
+    <temp>/kv-course-book-XXXX/gradebook.db    that course's gradebook, kept out of its tree
+
+``Grader.autograde`` takes a ``Job`` (the chapter's source notebook as text, the learner's
+notebook, who and what it is) and gives back an ``Outcome`` (the result of every test, and
+the executed notebook for the feedback page). It touches no class files, reads no file it is
+not given, and can run on another machine (``autograder.cluster``). nbgrader runs under
+``sandbox.run``: in the sandbox a submission's two folders are all it can write, and all of
+the host it sees besides the system, the Python environment and the course's packages.
+
+Checks: ``autograder.arming`` records the checks before the first cell and
+``autograder.guard`` verifies them in every test cell; ``suspicious_code`` flags cells the
+learner wrote that reach for the grader, and such a notebook scores zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from autograder.arming import KERNEL_ARGUMENTS, TIMINGS
+from autograder.chapters import NotGradable
+from autograder.gradebook import COURSE_ID
+from autograder.guard import suspicious_code
+from autograder.report import NotebookResult, result_of
+from autograder.restore import rebuild
+from autograder.sandbox import Limits, run
+
+__all__ = ["Grader", "Job", "Limits", "Outcome"]
+
+# A Python warning on stderr (say, a library's DeprecationWarning) must not zero a test cell:
+# nbgrader scores any stderr output as a failure, so IgnorePattern drops these outputs first.
+WARNING_ON_STDERR = r"(?m)^.*:\d+: \w*Warning: "
+
+_CONFIG = """\
+c = get_config()
+c.CourseDirectory.root = {root!r}
+c.CourseDirectory.course_id = {course_id!r}
+c.CourseDirectory.db_url = {db_url!r}
+c.Execute.timeout = {cell_timeout}
+c.Execute.kernel_name = "python3"
+c.IgnorePattern.enabled = True
+c.IgnorePattern.pattern = {pattern!r}
+c.LimitOutput.max_lines = 1000
+c.LimitOutput.max_traceback = 100
+c.Execute.extra_arguments = {kernel_arguments!r}
+# the kernel is the submission's alone and the sandbox ends it: no graceful wait
+c.Execute.shutdown_kernel = "immediate"
+"""
+
+_CRASH_RETRIES = 3  # cells that kill the kernel, replaced one at a time before giving up
+
+
+@dataclass(frozen=True)
+class Job:
+    """What grading one submission needs: plain data, so it can travel to another machine."""
+
+    chapter: str
+    source: str  # the chapter's instructor notebook, as text
+    learner: str
+    origin: str  # what the reports call the file
+    notebook: dict  # the learner's notebook (nbformat 4)
+
+
+@dataclass
+class Outcome:
+    result: NotebookResult
+    executed: dict | None = None  # the graded notebook, for the feedback page
+    timings: dict[str, float] = field(default_factory=dict)  # seconds, by part (``breakdown``)
+
+
+def breakdown(copy: float, started: float, ended: float, stamps: Path,
+              executed: nbformat.NotebookNode) -> dict[str, float]:
+    """Where one notebook's grading time went: copying its course, nbgrader and the kernel
+    starting, the imports and set-up before the first cell (``arming``), the notebook's own
+    cells (set-up, answers, demonstrations), the test cells, and nbgrader after the last cell.
+    ``started`` and ``ended`` are the wall-clock times around nbgrader; ``stamps`` holds the
+    kernel's times around arming."""
+    armed_from, armed_to = json.loads(stamps.read_text())
+    cells, tests, first, last = 0.0, 0.0, None, None
+    for cell in executed.cells:
+        times = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" not in times or "shell.execute_reply" not in times:
+            continue
+        began = dt.datetime.fromisoformat(times["iopub.execute_input"]).timestamp()
+        done = dt.datetime.fromisoformat(times["shell.execute_reply"]).timestamp()
+        first, last = first or began, done
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+            tests += done - began
+        else:
+            cells += done - began
+    return {"course copy": copy, "nbgrader and kernel start": armed_from - started,
+            "imports and set-up": armed_to - armed_from,
+            "notebook's own cells": cells, "test cells": tests,
+            "nbgrader after the last cell": ended - (last or ended)}
+
+
+def cache_folder() -> Path:
+    """Where released chapters are kept between runs (``KV_COURSE_CACHE``, else the user's
+    cache folder)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kv-course"
+    return Path(os.environ.get("KV_COURSE_CACHE") or default)
+
+
+class Grader:
+    """Grades jobs with nbgrader under ``limits``; ``runtime`` names what executes the
+    notebooks in the reports."""
+
+    def __init__(self, limits: Limits | None = None, runtime: str = "",
+                 course_id: str = COURSE_ID, cache: Path | None = None) -> None:
+        self.limits = limits or Limits()
+        self.runtime = runtime
+        self.course_id = course_id
+        self.cache = (cache or cache_folder()).resolve()
+
+    def template(self, chapter: str, source: str) -> Path:
+        """The released course of a chapter's source: built once per source text and kept
+        (built in a folder of its own and moved into place, so runs side by side never see
+        half of one)."""
+        import nbgrader
+
+        key = f"{nbgrader.__version__}\n{self.course_id}\n{source}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        template = self.cache / "templates" / f"{chapter}-{digest}"
+        if not (template / "gradebook.db").exists():
+            template.parent.mkdir(parents=True, exist_ok=True)
+            building = Path(tempfile.mkdtemp(prefix=f".{chapter}-", dir=template.parent))
+            try:
+                generate(building, chapter, source, f"sqlite:///{building / 'gradebook.db'}",
+                         self.limits, self.course_id)
+                building.rename(template)
+            except OSError:  # another run put the same template in place first
+                pass
+            finally:
+                shutil.rmtree(building, ignore_errors=True)
+        return template
+
+    def released(self, chapter: str, source: str) -> nbformat.NotebookNode:
+        """The learner notebook nbgrader releases for a chapter's source."""
+        return nbformat.read(self.template(chapter, source) / "release" / chapter /
+                             f"{chapter}.ipynb", as_version=4)
+
+    def autograde(self, job: Job) -> Outcome:
+        """Grade one submission in a copy of its chapter's template. Raises ``NotGradable``
+        (nbgrader could not grade it) and ``restore.Unmatched`` (no answer cell of it could be
+        matched); a notebook that flags, hangs or crashes gets zero with the reason."""
+        template = self.template(job.chapter, job.source)
+        tests = _test_cells(job.source)
+        released = self.released(job.chapter, job.source)
+        rebuilt = rebuild(nbformat.from_dict(job.notebook), released)
+        flagged = _flag(rebuilt.notebook, released)
+        if flagged:
+            return self._zero(job, tests, f"not graded: a cell of this notebook reaches for "
+                                          f"the grader ({flagged!r}); remove it and resubmit")
+        copying = time.monotonic()
+        work = Path(tempfile.mkdtemp(prefix="kv-course-learner-"))
+        books = Path(tempfile.mkdtemp(prefix="kv-course-book-"))  # not under the kernel's cwd
+        try:
+            # not the instructor's notebook (source/): its answers and hidden tests stay out of
+            # the submission's view; nbgrader restores cells from the gradebook
+            shutil.copytree(template, work, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("gradebook.db", "source"))
+            shutil.copyfile(template / "gradebook.db", books / "gradebook.db")
+            db_url = f"sqlite:///{books / 'gradebook.db'}"
+            write_config(work, db_url, self.limits, self.course_id)
+            path = work / "submitted" / job.learner / job.chapter / f"{job.chapter}.ipynb"
+            path.parent.mkdir(parents=True)
+            nbformat.write(without_demonstrations(rebuilt.notebook, released), path)
+            copy = time.monotonic() - copying
+            stamps = work / ".timings.json"
+            for _ in range(_CRASH_RETRIES + 1):
+                started = time.time()
+                try:
+                    log = nbgrader(work, ["autograde", job.chapter, "--student", job.learner,
+                                          "--force"], self.limits.notebook_timeout,
+                                   self.limits, writable=(work, books),
+                                   environment={TIMINGS: str(stamps)})
+                except subprocess.TimeoutExpired:
+                    return self._zero(job, tests,
+                                      f"not graded: the notebook ran past its "
+                                      f"{self.limits.notebook_timeout} s limit (look for an "
+                                      "endless loop or a very slow cell)")
+                if "Kernel died" not in log:
+                    break
+                crashed = self._crashing_cell(path, (work, books))
+                if crashed is None:
+                    return self._zero(job, tests, "not graded: the Python kernel crashed (a "
+                                                  "segfault or an exit) in a test or given cell")
+                _neutralise(path, crashed)
+            executed = work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
+            scores = _scores(db_url, job.chapter, job.learner, self.course_id)
+            if scores is None or not executed.exists():
+                errors = [line for line in log.splitlines() if "ERROR" in line]
+                reason = errors[0].split("]", 1)[-1].strip() if errors else "no reason given"
+                raise NotGradable(f"nbgrader could not grade it ({reason})")
+            ended = time.time()
+            notebook = nbformat.read(executed, as_version=4)
+            return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
+                                     scores, notebook), notebook,
+                           breakdown(copy, started, ended, stamps, notebook))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(books, ignore_errors=True)
+
+    def _zero(self, job: Job, tests: list[tuple[str, float]], reason: str) -> Outcome:
+        return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
+                                 {}, None, reason))
+
+    def _crashing_cell(self, notebook: Path, writable: tuple[Path, ...]) -> int | None:
+        """The index of the learner's cell that kills the kernel, found by running the
+        notebook under the same limits and sandbox; None when it is a test or given cell, or
+        unknown."""
+        command = [sys.executable, "-m", "autograder.crash_probe", str(notebook),
+                   str(self.limits.cell_timeout)]
+        try:
+            found = int(run(command, notebook.parent, self.limits.notebook_timeout,
+                            self.limits, writable).strip().splitlines()[-1])
+        except (subprocess.TimeoutExpired, ValueError, IndexError):
+            return None
+        if found < 0:
+            return None
+        cell = nbformat.read(notebook, as_version=4).cells[found]
+        meta = cell.metadata.get("nbgrader", {})
+        return None if meta.get("grade") or meta.get("locked") else found
+
+
+def _test_cells(source: str) -> list[tuple[str, float]]:
+    """(grade id, points) of every graded test cell of a chapter's source, in order."""
+    return [(c.metadata["nbgrader"]["grade_id"], float(c.metadata["nbgrader"]["points"]))
+            for c in nbformat.reads(source, as_version=4).cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
+
+
+def write_config(root: Path, db_url: str, limits: Limits, course_id: str = COURSE_ID) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "nbgrader_config.py").write_text(_CONFIG.format(
+        root=str(root), course_id=course_id, db_url=db_url, cell_timeout=limits.cell_timeout,
+        pattern=WARNING_ON_STDERR, kernel_arguments=KERNEL_ARGUMENTS))
+
+
+def generate(root: Path, chapter: str, source: str, db_url: str, limits: Limits,
+             course_id: str = COURSE_ID) -> None:
+    """Release a chapter from its source (text) in a course folder at ``root`` whose gradebook
+    is ``db_url`` (registering the chapter there, hidden tests included)."""
+    write_config(root, db_url, limits, course_id)
+    path = root / "source" / chapter / f"{chapter}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source, encoding="utf-8")
+    # Outside the sandbox: generate_assignment runs no notebook (no learner code, only the
+    # instructor's source), and registering a chapter writes the class's own gradebook.
+    nbgrader(root, ["generate_assignment", chapter, "--force"], 300,
+             dataclasses.replace(limits, sandbox=False))
+
+
+def nbgrader(root: Path, args: list[str], timeout: int, limits: Limits,
+             writable: tuple[Path, ...] = (), environment: dict[str, str] | None = None) -> str:
+    return run([sys.executable, "-m", "autograder.nbgrader_main", *args], root, timeout,
+               limits, writable, environment)
+
+
+def _neutralise(notebook: Path, index: int) -> None:
+    """Replace cell ``index`` by one that raises, saying why it was not run."""
+    contents = nbformat.read(notebook, as_version=4)
+    contents.cells[index].source = (
+        'raise RuntimeError("This cell crashed the Python kernel when the notebook was '
+        'graded (a segfault or an exit), so it was not run.")')
+    nbformat.write(contents, notebook)
+
+
+DEMO = "demo"  # the tag of a cell that only shows something: no test needs what it does
+NOT_RUN = "# A demonstration, not run while grading: no test needs it.\n"
+
+
+def without_demonstrations(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode
+                           ) -> nbformat.NotebookNode:
+    """``notebook`` with every cell that is one of the released notebook's demonstrations
+    (tagged ``demo``, its source unchanged) emptied: serving a workload or animating a pool
+    costs a grading run time and decides no grade. A learner's own or edited cell still runs."""
+    shown = {c.source for c in released.cells
+             if c.cell_type == "code" and DEMO in c.get("metadata", {}).get("tags", [])}
+    trimmed = nbformat.from_dict(notebook)
+    for cell in trimmed.cells:
+        if cell.get("cell_type") == "code" and cell.get("source") in shown:
+            cell.source = NOT_RUN
+    return trimmed
+
+
+def _flag(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode) -> str | None:
+    """The first suspicious line in a code cell the learner wrote or changed. Locked and
+    graded cells are the released ones (``restore``), and so are cells equal to one of the
+    released notebook's (the course's own code): both are skipped."""
+    given = {c.source for c in released.cells if c.cell_type == "code"}
+    for cell in notebook.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") != "code" or meta.get("locked") or meta.get("grade"):
+            continue
+        if cell.get("source") not in given:
+            line = suspicious_code(cell.get("source", ""))
+            if line:
+                return line
+    return None
+
+
+def _scores(db_url: str, chapter: str, learner: str, course_id: str
+            ) -> dict[str, float] | None:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(db_url, course_id) as gradebook:
+        try:
+            graded = gradebook.find_submission_notebook(chapter, chapter, learner)
+        except MissingEntry:
+            return None
+        return {g.name: g.score for g in graded.grades}

@@ -1,0 +1,76 @@
+"""One submission's way through grading, as one object, each thing about it read once:
+
+    found (``layouts.collect``)  who and which chapter its place names, and when it came
+    read                         its notebook (once), its content hash, the chapter its content is
+    graded (``autograde``)      or refused: a result with the reason
+    reported                     report, JSON, CSV row, feedback page, gradebook row
+
+A submission the grader refuses (damaged, two files for one learner and chapter, a path that
+names no learner, content of another chapter than its name says) keeps its place in every
+report, with its reason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from autograder.autograde import Job
+from autograder.chapters import Chapter, NotGradable, load_submission, recognise
+from autograder.report import NotebookResult
+
+
+@dataclass
+class Submission:
+    origin: str  # what reports call it: its path, or ``archive.zip:entry``
+    learner: str
+    chapter: str  # as its place names it (or its content, where the name says nothing)
+    timestamp: dt.datetime | None
+    path: Path | None = None
+    digest: str = ""
+    notebook: nbformat.NotebookNode | None = None
+    target: Chapter | None = None  # the chapter it is graded as
+    result: NotebookResult | None = None
+    executed: dict | None = None  # the graded notebook, for its feedback page
+    reused: bool = False  # unchanged since it was last graded: its earlier result stands
+
+    @property
+    def when(self) -> str:
+        """When it was handed in (UTC, ISO 8601), where known."""
+        return self.timestamp.isoformat(sep=" ") if self.timestamp else ""
+
+    def refuse(self, message: str) -> None:
+        self.result = NotebookResult(self.origin, self.chapter, "", [], self.learner,
+                                     self.when, message)
+
+    def job(self) -> Job:
+        return Job(self.target.name, self.target.source.read_text(encoding="utf-8"),
+                   self.learner, self.origin, self.notebook)
+
+
+def read(submissions: list[Submission], known: dict[str, Chapter]) -> None:
+    """Read each file and decide what it is graded as; refuse what cannot be graded."""
+    for submission in submissions:
+        if submission.result is not None:
+            continue
+        try:
+            submission.notebook = load_submission(submission.path, submission.origin)
+        except NotGradable as exc:
+            submission.refuse(str(exc).removeprefix(f"{submission.origin}: "))
+            continue
+        submission.digest = hashlib.sha256(submission.path.read_bytes()).hexdigest()
+        actual = recognise(submission.notebook, known)
+        named = known.get(submission.chapter)
+        if actual is None and named is None:
+            submission.refuse(f"not a notebook of this course's chapters ({', '.join(known)})")
+        elif actual is not None and named is not None and actual != named:
+            submission.refuse(f"this is the notebook of {actual.name} (its cells say so), "
+                              f"handed in as {named.name}; it was not graded as either: hand "
+                              f"in {named.name}'s notebook under that name")
+        else:
+            submission.target = named or actual
+            submission.chapter = submission.target.name
