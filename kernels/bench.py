@@ -1,13 +1,16 @@
 """Benchmark of chapter 7's kernel on a GPU: time per decode step and achieved bandwidth.
 
-    python -m kernels.bench [--quick] [--out kernels/results/NAME.json]
+    python -m kernels.bench [--quick] [--validate] [--out kernels/results/NAME.json]
 
 Llama-3-8B attention (32 query heads over 8 KV heads, head dim 128, bf16), batch 1 to 256,
 context 512 to 32k, block sizes 16 and 32, two length mixes ("uniform": every sequence at
 the context length; "skewed": log-normal lengths with median a quarter of the context, one
 sequence at the full context). For each shape it prints and saves:
 
-- the median time of one call (``paged_attention``, split-KV chosen automatically), after
+- the median time of one call (``paged_attention``, split-KV chosen automatically, input
+  validation off unless ``--validate``: its checks of lengths and block ids read values back
+  from the GPU, one synchronisation per call, which a serving engine that builds its own
+  tables skips), after
   warm-up, with a cold L2: calls rotate over enough copies of the inputs to exceed twice the
   L2 cache, and the GPU is kept busy while each timed call is queued, so the events time the
   kernels and not Python's launch overhead;
@@ -156,7 +159,7 @@ def shapes(quick: bool):
     return [(b, c, s, m) for b in BATCHES for c in CONTEXTS for s in BLOCK_SIZES for m in MIXES]
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, validate: bool = False) -> dict:
     from kernels.paged_attention import paged_attention
     from kernels.split_kv import choose_num_splits
 
@@ -176,7 +179,7 @@ def run(quick: bool) -> dict:
             continue
         copies = max(1, min(16, math.ceil(2 * env["l2_bytes"] / pool)))
         inputs = _inputs(lengths, block_size, copies, torch.bfloat16)
-        kernel_ms = median_ms(lambda *a: paged_attention(*a, scale), inputs)
+        kernel_ms = median_ms(lambda *a: paged_attention(*a, scale, validate=validate), inputs)
         gathered = 4 * 2 * batch * max(lengths) * HEADS["num_kv_heads"] * HEADS["head_dim"]
         torch_ms = (median_ms(lambda *a: torch_gather_attention(*a, scale), inputs[:1], 10, 2)
                     if gathered * 3 < POOL_LIMIT else None)
@@ -197,13 +200,17 @@ def run(quick: bool) -> dict:
         torch.cuda.empty_cache()
     return {"environment": env, "heads": HEADS, "dtype": "bfloat16",
             "copy_bandwidth": copy, "rows": rows,
-            "command": "python -m kernels.bench" + (" --quick" if quick else "")}
+            "validated": validate,
+            "command": "python -m kernels.bench" + (" --quick" if quick else "")
+            + (" --validate" if validate else "")}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a dozen shapes, not all")
     parser.add_argument("--out", type=Path, help="where to write the JSON results")
+    parser.add_argument("--validate", action="store_true",
+                        help="time paged_attention with its input validation on")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("kernels.bench: TRITON_INTERPRET=1 is set; interpreter timings measure NumPy, "
@@ -214,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
               "GPU; on the CPU the chapter's checks run on the interpreter instead.",
               file=sys.stderr)
         return 2
-    results = run(args.quick)
+    results = run(args.quick, args.validate)
     out = args.out or RESULTS / f"{results['environment']['gpu'].replace(' ', '_')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autograder.checks.ch07 import KernelCase, on_gpu
+from autograder.checks.ch07 import BAD_INPUTS, KernelCase, on_gpu
 from autograder.hidden.ch07 import reference
 from kernels import paged_attention as course_kernels
 from kernels.bench import bytes_moved, lengths_for
@@ -69,7 +69,31 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_a_gpu():
                           capture_output=True, text=True, env=environment, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "every configuration compiled" in done.stdout
-    assert done.stdout.count("ok   sm_90") == done.stdout.count("ok   sm_80") >= 16
+    assert done.stdout.count("ok   sm_90") == done.stdout.count("ok   sm_80") \
+        == done.stdout.count("ok   sm_75") >= 16
+
+
+@pytest.mark.parametrize("head_dim", [40, 72, 80, 96, 112])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_head_sizes_that_are_not_powers_of_two_run(head_dim, num_splits):
+    case = KernelCase([5, 17, 0], 4 if not on_gpu() else 16, 4, 2, head_dim=head_dim)
+    out = course_kernels.paged_attention(*case.arguments(), num_splits=num_splits)
+    torch.testing.assert_close(out.cpu(), reference(case), atol=1e-5, rtol=1e-4)
+    assert out[2].abs().max() == 0  # a sequence of length 0 gets zeros
+
+
+_ARGUMENTS = ("query", "k_cache", "v_cache", "block_tables", "seq_lens", "scale", "num_splits",
+              "num_q_heads", "block_size")
+
+
+@pytest.mark.parametrize("what", list(BAD_INPUTS))
+def test_every_bad_input_is_refused_with_a_message_naming_the_argument(what):
+    case = KernelCase([5, 9, 8, 0], 4 if not on_gpu() else 16, 6, 2, head_dim=24)
+    build, error, _ = BAD_INPUTS[what]
+    args, options = build(case)
+    with pytest.raises(error) as raised:
+        course_kernels.paged_attention(*args, **options)
+    assert any(name in str(raised.value) for name in _ARGUMENTS), str(raised.value)
 
 
 def test_the_compile_check_refuses_the_interpreter():

@@ -1,12 +1,14 @@
-"""Chapter 7's hidden checks: blocks of 1 to 32 tokens, groups of 1 to 16 query heads, lengths
-to 523, fp16 (and bf16 through the wrapper), one split, a split per block and many empty
-splits, merges of 17 splits with max scores 50 apart, every kind of bad input to the wrapper,
-and on a GPU production shapes (``autograder.hidden.ch07_gpu``).
+"""Chapter 7's hidden checks: blocks of 1 to 32 tokens, groups of 1 to 71 query heads, head
+sizes 16 to 256 (the real configurations of Phi-2, Phi-3-mini, Qwen2.5-7B, Falcon-7B and
+Gemma-2-9B, at short lengths), lengths 0 to 523, fp16 (and bf16 through the wrapper), one
+split, a split per block and many empty splits, merges of 17 splits with max scores 50 apart,
+every kind of bad input to the wrapper and the layouts it must accept, every kernel compiled
+for an A100, and on a GPU production shapes (``autograder.hidden.ch07_gpu``).
 
 Expected outputs are chapter 6's attention (its fp32 version, bound when this module is
-imported) on the case's CPU copy; what known mistakes give comes from chapter 6's float64
-oracle (``autograder.hidden.ch06``); expected split partials and merges are computed here in
-float64. The visible checks ask for them through ``autograder.private`` by a case's
+imported) on the case's CPU copy; what known mistakes give is computed here in float64 (an
+online softmax over the blocks a mistaken kernel would read); expected split partials and
+merges too. The visible checks ask for them through ``autograder.private`` by a case's
 description.
 """
 
@@ -16,19 +18,25 @@ from collections.abc import Callable
 
 import torch
 
-from autograder.checks.ch06 import PagedCase
+from autograder.checks.ch06 import PagedCase, dtype_name
 from autograder.checks.ch07 import (
+    ACCEPTED,
+    BAD_INPUTS,
+    ON_GPU_ONLY,
     KernelCase,
+    _accepts,
+    _addresses_in_int64,
     _compare,
     _kernel,
     _merge,
     _raises,
     _split,
     _wrapper,
+    gpu_twin,
     merge_inputs,
     on_gpu,
+    quiet,
 )
-from autograder.hidden.ch06 import known_mistakes
 from autograder.hidden.ch07_gpu import check_production_shapes
 from autograder.private import thorough
 from kernels.paged_attention_ref import paged_decode_attention as chapter6_attention
@@ -37,7 +45,7 @@ from kernels.paged_attention_ref import paged_decode_attention as chapter6_atten
 
 
 def _on_cpu(case: KernelCase) -> PagedCase:
-    """The case on the CPU, for chapter 6's float64 oracle."""
+    """The case's tensors on the CPU."""
     copy = PagedCase.__new__(PagedCase)
     copy.__dict__.update({k: v.cpu() if isinstance(v, torch.Tensor) else v
                           for k, v in case.__dict__.items()})
@@ -45,13 +53,92 @@ def _on_cpu(case: KernelCase) -> PagedCase:
 
 
 def reference(case: KernelCase) -> torch.Tensor:
-    """Chapter 6's attention on the case, on the CPU, in the case's dtype."""
+    """Chapter 6's attention on the case, on the CPU, in the case's dtype (zeros for a
+    sequence of length 0)."""
     return chapter6_attention(*(t.cpu() for t in (
         case.query, case.k_cache, case.v_cache, case.tables, case.seq_lens)), case.scale)
 
 
-def _mistakes(case: KernelCase) -> Callable[[], dict]:
-    return lambda: known_mistakes(_on_cpu(case))
+def _online(case: PagedCase, seq: int, blocks: list[tuple[int, int]], scale: float,
+            kv_of: torch.Tensor, mode: str) -> torch.Tensor | None:
+    """float64 output of sequence ``seq`` from an online softmax over ``blocks`` ((block id,
+    tokens read)), rescaling by ``mode``: "both", "sum" (the running sum only), "acc" (the
+    accumulator only) or "none". None where a block id is outside the pool."""
+    query = case.query[seq].double()
+    m = torch.full((case.q_heads,), float("-inf"), dtype=torch.float64)
+    total = torch.zeros(case.q_heads, dtype=torch.float64)
+    acc = torch.zeros(case.q_heads, case.head_dim, dtype=torch.float64)
+    for block, count in blocks:
+        if not 0 <= block < case.k_cache.shape[0]:
+            return None
+        keys = case.k_cache[block, :count].double()[:, kv_of]  # [count, q_heads, dim]
+        values = case.v_cache[block, :count].double()[:, kv_of]
+        scores = torch.einsum("hd,thd->ht", query, keys) * scale
+        m_new = torch.maximum(m, scores.max(dim=1).values)
+        rescale = torch.exp(m - m_new)
+        weights = torch.exp(scores - m_new[:, None])
+        total = (total * rescale if mode in ("both", "sum") else total) + weights.sum(dim=1)
+        acc = (acc * rescale[:, None] if mode in ("both", "acc") else acc) + torch.einsum(
+            "ht,thd->hd", weights, values)
+        m = m_new
+    return acc / total[:, None]
+
+
+def known_mistakes(case: KernelCase) -> dict[str, torch.Tensor | None]:
+    """What known mistakes give on ``case`` (float64, [num_seqs, q_heads, head_dim]; NaN
+    where a mistaken kernel divides 0 by 0; None where a mistake reads outside the pool):
+    attention without the scale, query head h on KV head h % num_kv_heads, every sequence
+    on row 0's blocks, physical block j as the j-th block, whole blocks only, one block
+    short, one block too many (the table entry after a sequence's blocks, all its tokens),
+    and online softmaxes that skip rescaling the sum, the accumulator or both."""
+    cpu = _on_cpu(case)
+    wide = cpu.wide.contiguous().view(-1)
+    stride = case.tables.stride(0)
+    group = case.q_heads // case.kv_heads
+    heads = torch.arange(case.q_heads)
+    block_size = case.block_size
+
+    def entry(seq: int, index: int) -> int:
+        at = seq * stride + index
+        return int(wide[at]) if at < len(wide) else -1
+
+    def normal(seq: int, row: int | None = None, count: int | None = None,
+               physical: bool = False) -> list[tuple[int, int]]:
+        length = case.lengths[seq]
+        count = -(-length // block_size) if count is None else count
+        return [(index if physical else entry(seq if row is None else row, index),
+                 min(block_size, length - index * block_size)) for index in range(count)]
+
+    plans: dict[str, Callable[[int], tuple]] = {
+        "no_scale": lambda s: (normal(s), 1.0, heads // group, "both"),
+        "kv_head_modulo": lambda s: (normal(s), case.scale, heads % case.kv_heads, "both"),
+        "table_row0": lambda s: (normal(s, row=0), case.scale, heads // group, "both"),
+        "table_ignored": lambda s: (normal(s, physical=True), case.scale, heads // group,
+                                    "both"),
+        "tail_dropped": lambda s: (normal(s, count=case.lengths[s] // block_size), case.scale,
+                                   heads // group, "both"),
+        "last_block_dropped": lambda s: (normal(s)[:-1], case.scale, heads // group, "both"),
+        "extra_block": lambda s: (normal(s) + [(entry(s, case.blocks(s)), block_size)],
+                                  case.scale, heads // group, "both"),
+        "rescale_missing": lambda s: (normal(s), case.scale, heads // group, "none"),
+        "rescale_sum_missing": lambda s: (normal(s), case.scale, heads // group, "acc"),
+        "rescale_acc_missing": lambda s: (normal(s), case.scale, heads // group, "sum"),
+    }
+    found: dict[str, torch.Tensor | None] = {}
+    for name, plan in plans.items():
+        if name == "kv_head_modulo" and group == 1:
+            found[name] = None
+            continue
+        out = torch.empty(len(case.lengths), case.q_heads, case.head_dim, dtype=torch.float64)
+        for seq in range(len(case.lengths)):
+            blocks, scale, kv_of, mode = plan(seq)
+            row = _online(cpu, seq, blocks, scale, kv_of, mode)
+            if row is None:
+                out = None
+                break
+            out[seq] = row
+        found[name] = out
+    return found
 
 
 def kernel_expected(**spec) -> torch.Tensor:
@@ -59,7 +146,7 @@ def kernel_expected(**spec) -> torch.Tensor:
 
 
 def kernel_mistakes(**spec) -> dict:
-    return known_mistakes(_on_cpu(KernelCase(**spec)))
+    return known_mistakes(KernelCase(**spec))
 
 
 def _expected_partials(case: KernelCase, num_splits: int) -> dict:
@@ -95,25 +182,45 @@ def split_partials(num_splits: int, **spec) -> dict:
     return _expected_partials(KernelCase(**spec), num_splits)
 
 
+def _merge_float64(m: torch.Tensor, total: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    """out = sum e^(m - M) acc / sum e^(m - M) l over the splits, M = max m; zeros where
+    every split is empty."""
+    top = m.max(dim=-1, keepdim=True).values
+    top = torch.where(top == float("-inf"), torch.zeros_like(top), top)
+    weight = torch.exp(m - top)
+    denominator = (weight * total).sum(dim=-1)[..., None]
+    numerator = (weight[..., None] * acc).sum(dim=-2)
+    return torch.where(denominator > 0, numerator / denominator.clamp_min(1e-300),
+                       torch.zeros_like(numerator))
+
+
 def _merged(partials, dtype: torch.dtype) -> torch.Tensor:
-    """Split partials merged in float64: out = sum e^(m - M) acc / sum e^(m - M) l."""
-    m, total, acc = (t.double().cpu() for t in partials)
-    weight = torch.exp(m - m.max(dim=-1, keepdim=True).values)
-    return ((weight[..., None] * acc).sum(dim=2) / (weight * total).sum(dim=2)[..., None]
-            ).to(dtype)
+    """Split partials merged in float64, in ``dtype``."""
+    return _merge_float64(*(t.double().cpu() for t in partials)).to(dtype)
 
 
 def merge_case(seqs: int, heads: int, splits: int, head_dim: int, spread: float):
     """The merged softmax of ``merge_inputs``, and the partials added without rescaling."""
     m, total, acc = merge_inputs(seqs, heads, splits, head_dim, spread)
-    weight = torch.exp(m - m.max(dim=-1, keepdim=True).values)
-    want = (weight[..., None] * acc).sum(dim=2) / (weight * total).sum(dim=2)[..., None]
+    want = _merge_float64(m, total, acc)
     plain = acc.sum(dim=2) / total.sum(dim=2)[..., None]
     return want, plain
 
 
-def _thorough_kernel(fn: Callable, name: str, case: KernelCase, per_query_head: bool) -> None:
-    _kernel(fn, name, case, per_query_head, reference(case), _mistakes(case))
+def _case(lengths, block_size, q_heads, kv_heads, head_dim=16, dtype=torch.float32,
+          seed=None) -> KernelCase:
+    """A case as given on the interpreter, its GPU twin (blocks of 16) on a GPU."""
+    spec = dict(lengths=list(lengths), block_size=block_size, q_heads=q_heads,
+                kv_heads=kv_heads, head_dim=head_dim, dtype=dtype_name(dtype))
+    if seed is not None:
+        spec["seed"] = seed
+    return KernelCase(**(gpu_twin(spec) if on_gpu() else spec))
+
+
+def _thorough_kernel(fn: Callable, name: str, case: KernelCase, per_query_head: bool,
+                     int64: bool = False) -> None:
+    _kernel(fn, name, case, per_query_head, reference(case), known_mistakes(case),
+            int64=int64)
 
 
 # --- step 1: one block -----------------------------------------------------------------------
@@ -121,12 +228,15 @@ def _thorough_kernel(fn: Callable, name: str, case: KernelCase, per_query_head: 
 
 @thorough
 def check_one_block_kernel_thoroughly(fn: Callable) -> None:
-    """Blocks of 1, 16 and 32; heads 8/2, 5/1, 4/4; head dim 32; fp16."""
+    """Blocks of 1, 8, 16 and 32; heads 8/2, 4/4, Phi-2's 32 of 80 and Qwen2.5-7B's 28/4 of
+    128; fp16; compiled for an A100."""
     for lengths, q, kv, dim, dtype in [([1, 1, 1], 8, 2, 16, torch.float32),
-                                       ([16, 16], 5, 1, 32, torch.float32),
-                                       ([32], 4, 4, 16, torch.float16)]:
-        _thorough_kernel(fn, "one_block_kernel",
-                         KernelCase(lengths, lengths[0], q, kv, dim, dtype), per_query_head=True)
+                                       ([16, 16], 32, 32, 80, torch.float32),
+                                       ([32], 4, 4, 16, torch.float16),
+                                       ([8], 28, 4, 128, torch.float16)]:
+        _thorough_kernel(fn, "one_block_kernel", _case(lengths, lengths[0], q, kv, dim, dtype),
+                         per_query_head=True)
+    _addresses_in_int64(fn, "one_block_kernel")
 
 
 # --- step 2: the loop over the block table ---------------------------------------------------
@@ -134,12 +244,16 @@ def check_one_block_kernel_thoroughly(fn: Callable) -> None:
 
 @thorough
 def check_block_loop_kernel_thoroughly(fn: Callable) -> None:
-    """Up to 40 blocks, block sizes 1 to 16, heads 8/2 and 5/1, fp16."""
-    for lengths, block_size, q, kv, dtype in [([40, 8, 1], 1, 8, 2, torch.float32),
-                                              ([64, 16, 128], 16, 5, 1, torch.float32),
-                                              ([8, 96], 8, 4, 2, torch.float16)]:
+    """Up to 40 blocks, block sizes 1 to 16, heads 8/2, 5/1 and Phi-3-mini's 32 of 96, head
+    size 72, fp16; compiled for an A100."""
+    for lengths, block_size, q, kv, dim, dtype in [
+            ([40, 8, 1], 1, 8, 2, 16, torch.float32),
+            ([64, 16, 128], 16, 5, 1, 16, torch.float32),
+            ([8, 96], 8, 4, 2, 72, torch.float16),
+            ([32, 16], 16, 32, 32, 96, torch.float32)]:
         _thorough_kernel(fn, "block_loop_kernel",
-                         KernelCase(lengths, block_size, q, kv, dtype=dtype), per_query_head=True)
+                         _case(lengths, block_size, q, kv, dim, dtype), per_query_head=True)
+    _addresses_in_int64(fn, "block_loop_kernel")
 
 
 # --- step 3: GQA packing ---------------------------------------------------------------------
@@ -147,13 +261,18 @@ def check_block_loop_kernel_thoroughly(fn: Callable) -> None:
 
 @thorough
 def check_gqa_kernel_thoroughly(fn: Callable) -> None:
-    """Groups of 1, 4, 5 and 16; up to 32 blocks; fp16."""
-    for lengths, block_size, q, kv, dtype in [([16, 48], 16, 4, 4, torch.float32),
-                                              ([32, 8], 8, 32, 8, torch.float32),
-                                              ([64, 16], 16, 5, 1, torch.float32),
-                                              ([32, 128], 4, 16, 1, torch.float16)]:
-        _thorough_kernel(fn, "gqa_kernel", KernelCase(lengths, block_size, q, kv, dtype=dtype),
+    """Groups of 1, 3, 4, 5, 7 and 16; up to 32 blocks; head sizes 16 to 128 (Qwen2.5-7B's
+    28/4 of 128); fp16; compiled for an A100."""
+    for lengths, block_size, q, kv, dim, dtype in [
+            ([16, 48], 16, 4, 4, 16, torch.float32),
+            ([32, 8], 8, 32, 8, 16, torch.float32),
+            ([64, 16], 16, 5, 1, 40, torch.float32),
+            ([32, 128], 4, 16, 1, 16, torch.float16),
+            ([16, 48], 16, 6, 2, 72, torch.float32),
+            ([32, 16], 16, 28, 4, 128, torch.float16)]:
+        _thorough_kernel(fn, "gqa_kernel", _case(lengths, block_size, q, kv, dim, dtype),
                          per_query_head=False)
+    _addresses_in_int64(fn, "gqa_kernel")
 
 
 # --- step 4: the masked tail -----------------------------------------------------------------
@@ -161,15 +280,25 @@ def check_gqa_kernel_thoroughly(fn: Callable) -> None:
 
 @thorough
 def check_paged_attention_kernel_thoroughly(fn: Callable) -> None:
-    """Lengths 1, 37 and 523; block sizes 1 to 32; heads 32/8, 8/2, 5/1, 4/4; fp16."""
-    for lengths, block_size, q, kv, dtype in [([1, 37, 523], 16, 32, 8, torch.float32),
-                                              ([37, 1], 1, 8, 2, torch.float32),
-                                              ([15, 523, 12], 8, 5, 1, torch.float32),
-                                              ([64, 33], 32, 4, 4, torch.float32),
-                                              ([1, 37, 200], 16, 8, 2, torch.float16)]:
+    """Lengths 0, 1, 37 and 523; block sizes 1 to 32; heads 32/8, 8/2, 5/1, 4/4 and the real
+    configurations of Phi-2 (32 of 80), Phi-3-mini (32 of 96), Falcon-7B (71/1 of 64) and
+    Gemma-2-9B (16/8 of 256), head size 40 in groups of 3 (padded to 4), head size 112;
+    fp16; compiled for an A100."""
+    for lengths, block_size, q, kv, dim, dtype in [
+            ([1, 37, 523, 0], 16, 32, 8, 16, torch.float32),
+            ([37, 1], 1, 8, 2, 16, torch.float32),
+            ([15, 523, 12], 8, 5, 1, 16, torch.float32),
+            ([64, 33], 32, 4, 4, 16, torch.float32),
+            ([1, 37, 200], 16, 8, 2, 16, torch.float16),
+            ([17, 1, 32], 16, 32, 32, 80, torch.float16),
+            ([33, 5], 16, 32, 32, 96, torch.float32),
+            ([20, 3, 0], 16, 71, 1, 64, torch.float16),
+            ([33, 0], 16, 16, 8, 256, torch.float16),
+            ([9, 3, 8], 4, 12, 4, 40, torch.float32),
+            ([20, 16], 16, 16, 2, 112, torch.float16)]:
         _thorough_kernel(fn, "paged_attention_kernel",
-                         KernelCase(lengths, block_size, q, kv, dtype=dtype),
-                         per_query_head=False)
+                         _case(lengths, block_size, q, kv, dim, dtype), per_query_head=False)
+    _addresses_in_int64(fn, "paged_attention_kernel")
 
 
 # --- split-KV --------------------------------------------------------------------------------
@@ -179,24 +308,28 @@ def _thorough_split(fn: Callable, case: KernelCase, num_splits: int) -> None:
     """The partials, then the output they merge to against chapter 6's attention."""
     partials = _split(fn, case, num_splits, _expected_partials(case, num_splits))
     _compare(_merged(partials, case.query.dtype), case, "merged split_kv_kernel",
-             reference(case), _mistakes(case))
+             reference(case), known_mistakes(case))
 
 
 @thorough
 def check_split_kv_kernel_thoroughly(fn: Callable) -> None:
-    """One split, a split per block, many empty splits, GQA 5/1, fp16."""
-    _thorough_split(fn, KernelCase([37, 1, 200], 16, 8, 2), 1)
-    _thorough_split(fn, KernelCase([37, 1, 200], 16, 8, 2), 14)
-    _thorough_split(fn, KernelCase([523, 12], 8, 5, 1), 5)
-    _thorough_split(fn, KernelCase([64, 100], 16, 4, 4, dtype=torch.float16), 4)
+    """One split, a split per block, many empty splits, a sequence of length 0, GQA 5/1,
+    head size 80, fp16; compiled for an A100."""
+    _thorough_split(fn, _case([37, 1, 200], 16, 8, 2), 1)
+    _thorough_split(fn, _case([37, 1, 200], 16, 8, 2), 14)
+    _thorough_split(fn, _case([523, 12], 8, 5, 1), 5)
+    _thorough_split(fn, _case([64, 100], 16, 4, 4, dtype=torch.float16), 4)
+    _thorough_split(fn, _case([37, 0, 32], 16, 8, 2, 80), 3)
+    _addresses_in_int64(fn, "split_kv_kernel")
 
 
 @thorough
 def check_merge_splits_kernel_thoroughly(fn: Callable) -> None:
-    """One split, 17 splits (padded to 32), scores 50 apart, fp16 output."""
+    """One split, 17 splits (padded to 32), scores 50 apart, head size 80, fp16 output."""
     _merge(fn, merge_case, 3, 2, 1, 16, 1.0)
     _merge(fn, merge_case, 2, 5, 17, 32, 50.0)
     _merge(fn, merge_case, 4, 8, 6, 64, 3.0, torch.float16)
+    _merge(fn, merge_case, 2, 3, 4, 80, 2.0)
 
 
 # --- the host wrapper ------------------------------------------------------------------------
@@ -204,18 +337,27 @@ def check_merge_splits_kernel_thoroughly(fn: Callable) -> None:
 
 @thorough
 def check_paged_attention_thoroughly(fn: Callable) -> None:
-    """Every kind of bad input; fp16 and bf16 results; on a GPU, production shapes (where
-    the wrapper may choose split-KV) and a pool past 2^31 elements."""
-    case = KernelCase([5, 9, 4], 4, 4, 2)
-    for what in ("a query without its batch dimension", "caches of different shapes",
-                 "6 query heads over 4 KV heads", "a block table with one row too few",
-                 "seq_lens with one entry too many", "head_dim 12 (not a power of two)",
-                 "a float block table", "seq_lens on another device (meta)",
-                 "a v_cache with other strides"):
+    """Every kind of bad input, and every layout it must accept; fp16 and bf16 results;
+    Qwen2.5-7B's heads (28/4 of 128); the split path with head size 96; validate=False; on a
+    GPU, production shapes (where the wrapper may choose split-KV) and a pool past 2^31
+    elements."""
+    case = _case([5, 9, 8, 0], 4, 6, 2, 24)
+    want = reference(case)
+    for what in BAD_INPUTS:
         _raises(fn, case, what)
-    block = 16 if on_gpu() else 4
-    for case in (KernelCase([1, 37, 100], block, 8, 2, dtype=torch.float16),
-                 KernelCase([37, 5], block, 4, 1, dtype=torch.bfloat16)):
-        _wrapper(fn, case, reference(case), _mistakes(case))
+    if on_gpu():
+        for what in ON_GPU_ONLY:
+            _raises(fn, case, what, ON_GPU_ONLY)
+    for what in ACCEPTED:
+        _accepts(fn, case, what, want)
+    with quiet():
+        out = fn(*case.arguments(), validate=False)
+    _compare(out, case, "paged_attention", want, {}, call="paged_attention(..., "
+             "validate=False)")
+    for case, splits in ((_case([1, 37, 100, 0], 4, 8, 2, dtype=torch.float16), None),
+                         (_case([37, 5], 4, 4, 1, dtype=torch.bfloat16), None),
+                         (_case([37, 5, 16], 16, 28, 4, 128, torch.bfloat16), None),
+                         (_case([37, 0, 64], 8, 8, 2, 96), 4)):
+        _wrapper(fn, case, reference(case), known_mistakes(case), num_splits=splits)
     if on_gpu():
         check_production_shapes(fn)
