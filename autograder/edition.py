@@ -46,7 +46,7 @@ from autograder.render import (
     span,
     subjects,
 )
-from autograder.repository import setup_cell, url
+from autograder.repository import set_setup_cell, url
 from autograder.table import PARTS
 
 # What of the grader a test cell needs; everything else of autograder/ stays out.
@@ -154,7 +154,7 @@ def _exercises(destination: Path, included: list[Chapter], repository: str) -> N
     folder.mkdir(parents=True, exist_ok=True)
     for chapter in included:
         notebook = nbformat.read(EXERCISES / f"{chapter.name}.ipynb", as_version=4)
-        next(c for c in notebook.cells if c.cell_type == "code").source = setup_cell(repository)
+        set_setup_cell(notebook, repository)
         nbformat.write(notebook, folder / f"{chapter.name}.ipynb")
 
 

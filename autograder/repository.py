@@ -21,8 +21,14 @@ PYPROJECT = REPO / "pyproject.toml"
 README = REPO / "README.md"
 BRANCH = "main"
 
+# The cell's first line is all a learner sees of it: Colab shows a form's title in place of
+# its code (``cellView: form``), JupyterLab and VS Code fold the code away
+# (``jupyter.source_hidden``); a click shows the plumbing.
+SETUP_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
+
 _SETUP_CELL = '''\
-# Run this cell first. Where the course package is missing (a fresh Colab session), it installs
+#@title Set up the course (run this cell first)
+# Where the course package is missing (a fresh Colab session), this cell installs
 # it: from $KV_COURSE_SOURCE if set, else a course wheel next to this notebook, else the
 # checkout this notebook sits in, else the course's repository. Then it picks GPU mode or
 # Triton's CPU interpreter and says which.
@@ -58,6 +64,13 @@ def setup_cell(repository: str) -> str:
     return _SETUP_CELL.format(url=repository)
 
 
+def set_setup_cell(notebook: nbformat.NotebookNode, repository: str) -> None:
+    """Make ``notebook``'s first code cell the setup cell, its plumbing folded away."""
+    first = next(c for c in notebook.cells if c.cell_type == "code")
+    first.source = setup_cell(repository)
+    first.metadata.update(SETUP_METADATA)
+
+
 def colab_link(repository: str, notebook: str) -> str:
     """The Colab address that opens ``notebook`` (a path in the repository) from GitHub."""
     parts = urlparse(repository)
@@ -86,8 +99,7 @@ def set_url(repository: str, chapters: list[Chapter]) -> None:
     PYPROJECT.write_text(text)
     for chapter in chapters:
         notebook = nbformat.read(chapter.source, as_version=4)
-        first = next(c for c in notebook.cells if c.cell_type == "code")
-        first.source = setup_cell(repository)
+        set_setup_cell(notebook, repository)
         nbformat.write(notebook, chapter.source)
     README.write_text(readme_with_links(README.read_text(), repository))
 

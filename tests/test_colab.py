@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import nbformat
 import pytest
 from conftest import CHAPTERS, REPO
 
@@ -22,6 +23,16 @@ def test_every_setup_cell_installs_from_the_one_repository_url(path):
     assert repository.setup_cell_of(path) == repository.setup_cell(repository.url()), (
         f"{path.name}: its setup cell is not the current one: run `python -m autograder "
         "repository URL` (or edit autograder/repository.py), then `make exercises`")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_learner_first_sees_one_short_line_of_the_setup_cell(path):
+    """Colab shows the form's title alone; JupyterLab and VS Code fold the code away."""
+    notebook = nbformat.read(path, as_version=4)
+    first = next(c for c in notebook.cells if c.cell_type == "code")
+    assert first.source.splitlines()[0].startswith("#@title ")
+    assert first.metadata["cellView"] == "form"
+    assert first.metadata["jupyter"]["source_hidden"] is True
 
 
 def test_the_readme_opens_every_chapter_in_colab_from_that_url():
