@@ -75,7 +75,18 @@ def _wrap_function(original: Callable, name: str) -> Callable:
     for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
         setattr(tripwire, attribute, getattr(original, attribute, None))
     tripwire.__kv_tripwire__ = name  # no __wrapped__: the original is not handed out
+    _ORIGINALS[id(tripwire)] = original
     return tripwire
+
+
+# tripwire -> the answer it stands for: for the hidden checks alone (a notebook cell that names
+# the grader is not graded), which lend the course's version of one TODO to grade another
+_ORIGINALS: dict[int, Callable] = {}
+
+
+def course_version(value: Any) -> Any:
+    """The course's own answer behind a tripwire; ``value`` itself where it is none."""
+    return _ORIGINALS.get(id(value), value)
 
 
 class _KernelTripwire:

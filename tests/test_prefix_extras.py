@@ -10,6 +10,7 @@ from alternatives.ch04 import ALTERNATIVES
 from mutants.ch04 import MUTANTS
 
 from course import prefix_sim
+from course.block_manager import NoFreeBlocksError
 from course.notebook import NotReady, learner_or_course_class, needs
 from course.prefix_cache import PrefixCachingBlockManager, block_key, prefix_keys
 from course.prefix_tree import prefix_tree_player, record_tree
@@ -99,3 +100,38 @@ def test_a_failure_caused_by_take_block_says_to_fix_it_first():
     keeps_key = next(m for m in wrong if m.__name__ == "EvictedKeepsKey")
     with pytest.raises(AssertionError, match="fix _take_block first"):
         ch04.check_allocate(keeps_key)
+
+
+def test_one_bug_in_take_block_costs_that_todo_alone():
+    """A learner's manager whose _take_block evicts the most recently used block fails
+    _take_block's hidden test; the methods built on it are graded with the course's
+    _take_block and keep their points."""
+    from autograder.hidden import ch04 as hidden
+
+    class Learners(PrefixCachingBlockManager):
+        def _take_block(self) -> int:
+            if not self.free_queue:
+                raise NoFreeBlocksError("no free block")
+            block, _ = self.free_queue.popitem(last=True)  # the newest: wrong
+            key = self.keys.pop(block, None)
+            if key is not None:
+                del self.cache[key]
+            self.ref_counts[block] = 1
+            return block
+
+    with pytest.raises(AssertionError, match="least recently used"):
+        hidden.check_take_block_thoroughly(Learners)
+    for check in (hidden.check_allocate_thoroughly, hidden.check_append_slot_thoroughly,
+                  hidden.check_free_thoroughly):
+        check(Learners)
+
+
+def test_a_wrong_method_still_fails_with_the_courses_take_block_lent():
+    from autograder.hidden import ch04 as hidden
+
+    class Learners(PrefixCachingBlockManager):
+        def free(self, seq_id: int) -> None:
+            self.tables.pop(seq_id)  # drops the table, returns no block
+
+    with pytest.raises(AssertionError):
+        hidden.check_free_thoroughly(Learners)

@@ -10,6 +10,7 @@ pool. ``block_key`` and ``prefix_keys`` are checked on random inputs for their p
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from autograder.borrowing import course_version
 from autograder.checks._helpers import for_all, not_written, run_stateful
 from autograder.checks.ch04 import (
     _KEY_IDEA,
@@ -261,27 +263,54 @@ def check_take_block_thoroughly(cls: type) -> None:
     for_all(cases(), run, max_examples=150)
 
 
+def _one_bug_one_todo(check: Callable[[type], None], cls: type, others: tuple[str, ...]
+                      ) -> None:
+    """``check`` on the learner's class; where it fails, again on the learner's class with the
+    course's own version of the methods ``others`` (the TODOs the checked method builds on),
+    so that a bug in one TODO costs that TODO alone. Fails, with the learner's own class's
+    failure, only where both fail."""
+    try:
+        check(cls)
+    except AssertionError as own:
+        from course.prefix_cache import PrefixCachingBlockManager as Course
+
+        lent = {name: course_version(inspect.getattr_static(Course, name)) for name in others}
+        try:
+            check(type(cls.__name__, (cls,), lent))
+        except AssertionError:
+            raise own from None
+
+
 @thorough
 def check_allocate_thoroughly(cls: type) -> None:
     """Hits waiting in the free queue (the visible cases), then random prompts with shared
     prefixes and salts into random small pools."""
-    _eviction_cases(cls, _blame(cls))
-    _stateful(cls, set())
+
+    def check(subject: type) -> None:
+        _eviction_cases(subject, _blame(subject))
+        _stateful(subject, set())
+
+    _one_bug_one_todo(check, cls, ("_take_block",))
 
 
 @thorough
 def check_append_slot_thoroughly(cls: type) -> None:
     """Random interleavings of allocate and append_slot."""
-    _stateful(cls, {"append"})
+    _one_bug_one_todo(lambda subject: _stateful(subject, {"append"}), cls,
+                      ("_take_block", "allocate"))
 
 
 @thorough
 def check_free_thoroughly(cls: type) -> None:
     """The visible scenarios, then random interleavings of every operation, with eviction,
     revival and the sentinel."""
-    check_free(cls)
-    _parent_evicted(cls)
-    _stateful(cls, {"append", "free"}, max_examples=200)
+
+    def check(subject: type) -> None:
+        check_free(subject)
+        _parent_evicted(subject)
+        _stateful(subject, {"append", "free"}, max_examples=200)
+
+    _one_bug_one_todo(check, cls, ("_take_block", "allocate", "append_slot"))
 
 
 def _parent_evicted(cls: type) -> None:
