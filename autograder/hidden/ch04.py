@@ -284,20 +284,20 @@ def _one_bug_one_todo(check: Callable[[type], None], cls: type, others: tuple[st
 @thorough
 def check_allocate_thoroughly(cls: type) -> None:
     """Hits waiting in the free queue (the visible cases), then random prompts with shared
-    prefixes and salts into random small pools."""
+    prefixes and salts into random small pools, with appends and frees between them."""
 
     def check(subject: type) -> None:
         _eviction_cases(subject, _blame(subject))
-        _stateful(subject, set())
+        _stateful(subject, {"append", "free"})  # frees put cached blocks back to be revived
 
-    _one_bug_one_todo(check, cls, ("_take_block",))
+    _one_bug_one_todo(check, cls, ("_take_block", "append_slot", "free"))
 
 
 @thorough
 def check_append_slot_thoroughly(cls: type) -> None:
-    """Random interleavings of allocate and append_slot."""
-    _one_bug_one_todo(lambda subject: _stateful(subject, {"append"}), cls,
-                      ("_take_block", "allocate"))
+    """Random interleavings of allocate, append_slot and free."""
+    _one_bug_one_todo(lambda subject: _stateful(subject, {"append", "free"}), cls,
+                      ("_take_block", "allocate", "free"))
 
 
 @thorough

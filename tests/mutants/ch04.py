@@ -214,8 +214,8 @@ MUTANTS = {
     "allocate": [(HitsLastToken, "the last token is always computed"),
                  (FreshBeforeRevive, "Revive the hits first"),
                  (FreshBeforeReviveQuietly, "Revive the hits first"),
-                 (SkipsMisses, "stopping at the first miss")],
+                 (SkipsMisses, "stopping at the first miss"), (RevivedNotCounted, "revived")],
     "append_slot": [(DecodedBlocksNeverCached, "cached once it is full")],
-    "free": [(RevivedNotCounted, "revived"), (EvictsBlocksInUse, "still uses it"),
+    "free": [(EvictsBlocksInUse, "still uses it"),
              (HeadFirst, "tail first")],
 }
