@@ -36,7 +36,8 @@ def _signature(kernel, dtype: str, index_type: str) -> dict[str, str]:
             types[name] = "constexpr"
         elif name in ("max_ptr", "sum_ptr", "acc_ptr"):
             types[name] = "*fp32"
-        elif name in ("block_tables_ptr", "seq_lens_ptr"):
+        elif name in ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr",
+                      "token_seqs_ptr"):
             types[name] = f"*{index_type}"
         elif name.endswith("_ptr"):
             types[name] = f"*{dtype}"
@@ -65,6 +66,14 @@ def configurations(quick: bool = False):
     if quick:
         yield paged_attention_kernel, "bf16", {"GROUP": 8, "GROUP_PAD": 16, "BLOCK_SIZE": 32,
                                                "HEAD_DIM": 256}
+    from kernels.varlen_attention import varlen_attention_kernel
+
+    varlen = ((128, 16, 4),) if quick else itertools.product((64, 96, 128), (1, 16), (1, 8))
+    for (head_dim, block_size, group), dtype in itertools.product(varlen, DTYPES):
+        yield varlen_attention_kernel, dtype, {
+            "GROUP": group, "GROUP_PAD": max(16, group), "BLOCK_SIZE": block_size,
+            "BLOCK_PAD": max(16, block_size), "HEAD_DIM": head_dim,
+            "HEAD_PAD": max(16, 1 << (head_dim - 1).bit_length())}
     merges = ((128, 16),) if quick else itertools.product((64, 128, 256), (2, 16, 64))
     for (head_dim, splits), dtype in itertools.product(merges, DTYPES):
         yield merge_splits_kernel, dtype, {"HEAD_DIM": head_dim, "SPLITS_PAD": splits}
