@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import tempfile
+import textwrap
+from pathlib import Path
+
+import torch
+
 from course.block_manager import NoFreeBlocksError
 from course.chunked_scheduler import Chunk, Schedule
 from course.prefix_cache import prefix_keys
@@ -78,6 +86,94 @@ def _named(fn, name):
     return fn
 
 
+def _attention_with(seen):
+    """The PyTorch reference with query j of a request seeing ``seen(start, q_len, seq_len,
+    j)`` keys."""
+
+    def varlen_paged_attention(query, k_cache, v_cache, query_start_loc, seq_lens,
+                               block_tables, scale):
+        _, num_q_heads, head_dim = query.shape
+        _, block_size, num_kv_heads, _ = k_cache.shape
+        group = num_q_heads // num_kv_heads
+        out = torch.empty_like(query)
+        for seq in range(len(seq_lens)):
+            start, end = int(query_start_loc[seq]), int(query_start_loc[seq + 1])
+            length = int(seq_lens[seq])
+            table = block_tables[seq, : -(-length // block_size)].long()
+            keys = k_cache[table].reshape(-1, num_kv_heads, head_dim)[:length].float()
+            values = v_cache[table].reshape(-1, num_kv_heads, head_dim)[:length].float()
+            keys = keys.repeat_interleave(group, dim=1)
+            values = values.repeat_interleave(group, dim=1)
+            for j in range(end - start):
+                count = seen(start, end - start, length, j)
+                scores = torch.einsum("hd,khd->hk", query[start + j].float(),
+                                      keys[:count]) * scale
+                out[start + j] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1),
+                                              values[:count]).to(query.dtype)
+        return out
+
+    return varlen_paged_attention
+
+
+def _engine_step_with(sample_every_chunk=False, write_first=True, positions_from_zero=False,
+                      first_row=False):
+    from kernels.paged_attention_ref import write_kv
+
+    def engine_step(engine, plan):
+        model, pool = engine.model, engine.pool
+        batch = engine.build_batch(plan)
+        positions = batch.positions
+        if positions_from_zero:  # each chunk's tokens numbered 0, 1, ...
+            positions = torch.cat([torch.arange(c.num_tokens) for c in plan.chunks])
+        x = model.embed(batch.input_ids)
+        for layer in range(model.config.num_layers):
+            q, k, v = model.qkv(layer, x, positions)
+            if write_first:
+                write_kv(pool.k[layer], pool.v[layer], k, v, batch.slot_mapping)
+            out = engine.attention(q, pool.k[layer], pool.v[layer], batch.query_start_loc,
+                                   batch.seq_lens, batch.block_tables, model.scale)
+            if not write_first:
+                write_kv(pool.k[layer], pool.v[layer], k, v, batch.slot_mapping)
+            x = model.finish_layer(layer, x, out)
+        rows = batch.query_start_loc[:-1] if first_row else batch.query_start_loc[1:] - 1
+        logits = model.logits(x[rows.long()])
+        for chunk, row in zip(plan.chunks, logits, strict=True):
+            if sample_every_chunk or chunk.end == chunk.request.num_tokens:
+                chunk.request.emit(int(row.argmax()), row)
+
+    return engine_step
+
+
+_FOLDER = Path(tempfile.mkdtemp(prefix="ch09-mutants-"))
+
+
+def _mutant(kernel, name: str, old: str, new: str):
+    """``kernel`` with ``old`` (which must occur once) replaced by ``new``, renamed ``name``:
+    written to a file of its own, since Triton compiles from source files."""
+    source = textwrap.dedent(inspect.getsource(kernel.fn))
+    assert source.count(old) == 1, f"{old!r} is not in {kernel.__name__} exactly once"
+    source = source.replace(old, new).replace(f"def {kernel.__name__}(", f"def {name}(")
+    path = _FOLDER / f"{name}.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n" + source)
+    spec = importlib.util.spec_from_file_location(f"ch09_mutants.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def _kernels():
+    from kernels.varlen_attention import varlen_attention_kernel as kernel
+
+    right = "context = seq_len - q_len + (token - start) + 1"
+    return [
+        (_mutant(kernel, "no_causal_mask", right, "context = seq_len"), "apply the causal mask"),
+        (_mutant(kernel, "packed_index_as_position", right, "context = token + 1"),
+         "the start offsets are per request"),
+        (_mutant(kernel, "context_one_short", right,
+                 "context = seq_len - q_len + (token - start)"), "off-by-one"),
+    ]
+
+
 MUTANTS = {
     "schedule_step": [
         (_named(_scheduler_with(prefill_first=True), "_prefill_before_decodes"),
@@ -90,5 +186,24 @@ MUTANTS = {
          "at least one token is always computed"),
         (_named(_scheduler_with(reset=False), "_preemption_keeps_computed_tokens"),
          "set num_computed_tokens to 0"),
+    ],
+    "varlen_paged_attention": [
+        (_named(_attention_with(lambda start, q_len, n, j: n), "_no_causal_mask"),
+         "apply the causal mask"),
+        (_named(_attention_with(lambda start, q_len, n, j: min(n, start + j + 1)),
+                "_packed_index_as_position"), "the start offsets are per request"),
+        (_named(_attention_with(lambda start, q_len, n, j: n - q_len + j),
+                "_context_one_short"), "off-by-one"),
+    ],
+    "varlen_attention_kernel": _kernels(),
+    "engine_step": [
+        (_named(_engine_step_with(sample_every_chunk=True), "_samples_after_every_chunk"),
+         "its prompt is not computed yet"),
+        (_named(_engine_step_with(write_first=False), "_attends_before_writing"),
+         "before attending"),
+        (_named(_engine_step_with(positions_from_zero=True), "_positions_from_the_chunk_start"),
+         "true position"),
+        (_named(_engine_step_with(first_row=True), "_logits_of_the_first_row"),
+         "last row"),
     ],
 }
