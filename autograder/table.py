@@ -62,4 +62,8 @@ PARTS = {parts.slug: parts for parts in [
     Parts("08_capstone_paged_serving", _all(
         "course.paged_engine", "build_decode_batch", "paged_decode_step", "serve"),
         needs=(3, 5, 6, 7)),
+    Parts("09_chunked_prefill", _all("course.chunked_scheduler", "schedule_step") | _all(
+        "kernels.varlen_attention_ref", "varlen_paged_attention") | _all(
+        "kernels.varlen_attention", "varlen_attention_kernel") | _all(
+        "course.chunked_engine", "engine_step"), needs=(4, 6, 7)),
 ]}
