@@ -59,3 +59,16 @@ def test_a_block_still_being_filled_is_not_a_hit():
     scheduler.max_num_batched_tokens = 4
     plan = scheduler.step()
     assert [(c.request.id, c.start) for c in plan.chunks] == [(0, 2), (1, 0)]
+
+
+def test_the_budget_animation_shows_each_steps_chunks_and_unused_budget():
+    from course.budget_animation import budget_animation, frame_html
+    from course.chunked_engine import ChunkRecord
+
+    records = [ChunkRecord(0, [(0, 0, 3, "prefill")], [], 4),
+               ChunkRecord(1, [(0, 3, 1, "decode"), (1, 0, 2, "prefill")], [2], 4)]
+    first, second = frame_html(records, 0), frame_html(records, 1)
+    assert 'data-tokens="3"' in first and "1 unused" in first
+    assert 'data-kind="decode"' in second and 'data-preempted="1"' in second
+    view = budget_animation(records).children[1]
+    assert 'data-step="0"' in view.value

@@ -6,6 +6,12 @@ queues); the course's own test (``tests/test_chunked_scheduler.py``) shows the t
 hypothesis-drawn scenarios. The thorough check runs the learner's step and the model in lock
 step on hypothesis-drawn scenarios: budgets down to 1, blocks of 1 to 4, shared prefixes,
 pools small enough to preempt, a cap on running requests.
+
+The attention's oracle works token by token over each request's contiguous keys in float64,
+and computes what known mistakes give (no causal mask, a context one short or one long,
+positions from the packed index or from 0). The engine step runs on the chapter's scheduler
+with the course's attention (bound when this module is imported), and once on the Triton
+kernel, against each request's contiguous run.
 """
 
 from __future__ import annotations
