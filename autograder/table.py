@@ -63,4 +63,8 @@ PARTS = {parts.slug: parts for parts in [
         "course.paged_engine", "build_decode_batch", "paged_decode_step", "serve", "abort",
         "decode_surviving_faults"),
         needs=(3, 5, 6, 7)),
+    Parts("09_chunked_prefill", _all("course.chunked_scheduler", "schedule_step") | _all(
+        "kernels.varlen_attention_ref", "varlen_paged_attention") | _all(
+        "kernels.varlen_attention", "varlen_attention_kernel") | _all(
+        "course.chunked_engine", "engine_step"), needs=(4, 6, 7)),
 ]}

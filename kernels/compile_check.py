@@ -64,9 +64,20 @@ MERGE = ("out_ptr:data", "max_ptr:*fp32", "sum_ptr:*fp32", "acc_ptr:*fp32",
          "stride_out_seq:i32", "stride_out_head:i32", "num_splits:i32", "HEAD_DIM:constexpr",
          "HEAD_PAD:constexpr", "SPLITS_PAD:constexpr")
 CONTRACTS = {len(c): c for c in (DECODE, SPLIT, MERGE)}
+# Chapter 9's attention over packed queries: known by its parameter names (it takes as many
+# arguments as the split kernel).
+VARLEN = ("out_ptr:data", "query_ptr:data", "k_cache_ptr:data", "v_cache_ptr:data",
+          "query_start_loc_ptr:index", "seq_lens_ptr:index", "block_tables_ptr:index",
+          "token_seqs_ptr:index", "scale:fp32", "stride_q_token:i32", "stride_q_head:i32",
+          "stride_kv_block:i32", "stride_kv_token:i32", "stride_kv_head:i32",
+          "stride_table_seq:i32", "GROUP:constexpr", "GROUP_PAD:constexpr",
+          "BLOCK_SIZE:constexpr", "BLOCK_PAD:constexpr", "HEAD_DIM:constexpr",
+          "HEAD_PAD:constexpr")
 
 
 def _contract(names: list[str]) -> tuple[str, ...]:
+    if list(names) == [role.split(":")[0] for role in VARLEN]:
+        return VARLEN
     if len(names) not in CONTRACTS:
         raise ValueError(f"a chapter-7 kernel takes {sorted(CONTRACTS)} arguments; this one "
                          f"takes {len(names)}: {', '.join(names)}")
@@ -81,8 +92,11 @@ def constants_for(names: list[str], block_size: int = 16, head_dim: int = 128,
                   group: int = 4, splits: int = 4) -> dict[str, int]:
     """The constexpr values of a kernel with parameter ``names`` at these sizes."""
     values = {"GROUP": group, "GROUP_PAD": 1 << (group - 1).bit_length(),
-              "BLOCK_SIZE": block_size, "HEAD_DIM": head_dim, "HEAD_PAD": head_pad(head_dim),
+              "BLOCK_SIZE": block_size, "BLOCK_PAD": head_pad(block_size),
+              "HEAD_DIM": head_dim, "HEAD_PAD": head_pad(head_dim),
               "SPLITS_PAD": 1 << (splits - 1).bit_length()}
+    if _contract(names) is VARLEN:  # its launcher pads the group to 16 rows, as tl.dot's M
+        values["GROUP_PAD"] = head_pad(group)
     return {name: values[role.split(":")[0]] for name, role in zip(names, _contract(names),
                                                                      strict=True)
             if role.endswith(":constexpr")}
@@ -427,6 +441,12 @@ def configurations(quick: bool = False):
             names = [p.name for p in paged_attention_kernel.params]
             yield paged_attention_kernel, "bf16", constants_for(names, block_size, head_dim, 8)
         yield paged_attention_kernel, "fp32", constants_for(names, 8, 128, 4)
+    from kernels.varlen_attention import varlen_attention_kernel
+
+    varlen = ((128, 16, 4),) if quick else itertools.product((64, 96, 128), (1, 16), (1, 8))
+    for (head_dim, block_size, group), dtype in itertools.product(varlen, DTYPES):
+        names = [p.name for p in varlen_attention_kernel.params]
+        yield varlen_attention_kernel, dtype, constants_for(names, block_size, head_dim, group)
     merges = ((128, 16),) if quick else itertools.product((64, 80, 128, 256), (2, 16, 64))
     for (head_dim, splits), dtype in itertools.product(merges, DTYPES):
         names = [p.name for p in merge_splits_kernel.params]

@@ -241,7 +241,20 @@ def _serving_animation(page, cells: list[dict]) -> None:
     assert int(view.get_attribute("data-used-blocks")) > 0  # a request is being served
 
 
-WIDGETS = {"02": _address_explorer, "04": _prefix_tree}
+def _budget_animation(page) -> None:
+    from playwright.sync_api import expect
+
+    view = page.locator(".kv-budget-animation")
+    expect(view).to_have_count(1)
+    output = page.locator(".jp-OutputArea-output").filter(has=view)
+    expect(view).to_have_attribute("data-step", "0")
+    assert int(view.get_attribute("data-tokens")) > 0  # the first step computes a prompt
+    output.locator(".kv-step-forward").click()
+    expect(view).to_have_attribute("data-step", "1")
+    assert int(view.get_attribute("data-tokens")) <= int(view.get_attribute("data-budget"))
+
+
+WIDGETS = {"02": _address_explorer, "04": _prefix_tree, "09": _budget_animation}
 # README pictures: file name -> words in the figure's title
 PICTURES_OF = {"02": {"memory-breakdown": "Where the KV pool goes"},
                "05": {"throughput-vs-rate": "Throughput vs request rate",

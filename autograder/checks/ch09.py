@@ -1,0 +1,465 @@
+"""Visible checks for chapter 9, the engine with chunked prefill: each TODO's readable case.
+
+The scheduling step is run on a small scenario step by step (a simulated engine around it
+emits a fixed token whenever a request has computed all of its tokens, and finishes done
+requests); after every step, the chunks, the preemptions and every request's computed count
+must equal what the chapter's rules give. What the rules give comes from the chapter's hidden
+module (``autograder.private``), a separate reading of the same rules, where the thorough
+checks are too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+from autograder.checks._helpers import learner_call
+from autograder.checks.ch06 import PagedCase, dtype_name
+from autograder.private import private, visible
+from course.chunked_engine import ChunkedEngine, serve_chunked
+from course.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Schedule
+from course.tiny_model import TinyModel
+from kernels.varlen_attention import launch_varlen
+
+SEED = 2031
+
+# --- schedule_step ---------------------------------------------------------------------------
+
+RULES = ("The rules: running requests first (oldest first), each given a slot for its new "
+         "token (preempting the newest running request by recompute when the pool is out of "
+         "blocks) and min(tokens left to compute, budget) tokens; then, if nothing was "
+         "preempted, waiting requests first come first served, each allocated with its "
+         "prefix hits as num_computed_tokens and given min(tokens left, budget); every "
+         "scheduled chunk adds its tokens to num_computed_tokens and takes them from the "
+         "budget.")
+BUDGET = ("The step scheduled more tokens than max_num_batched_tokens: every chunk, a "
+          "decode's 1 token included, takes its tokens from the one budget, and each chunk is "
+          "clipped to what is left of it. ")
+REMAINING = ("A chunk runs past the request's last token: schedule at most what is left to "
+             "compute, request.num_tokens - request.num_computed_tokens (a prefix hit or an "
+             "earlier chunk already computed the rest). ")
+AT_LEAST_ONE = ("A request was admitted with nothing left to compute: its prefix hits are "
+                "what manager.allocate returns, which never counts the last token (at least "
+                "one token is always computed, so the step has a logit to sample from). ")
+RUNNING_FIRST = ("A waiting request was scheduled before a running one: running requests "
+                 "(their decodes and unfinished prefill chunks) come first, waiting ones take "
+                 "what budget is left. ")
+RESET = ("A preempted request kept its num_computed_tokens: preemption by recompute frees its "
+         "blocks, so its K/V are gone; set num_computed_tokens to 0 (it recomputes, with "
+         "whatever prefix hits it finds when admitted again). ")
+MAX_STEPS = 400
+
+
+def emitted_token(request: ChunkedRequest) -> int:
+    """The token the simulated engine emits: fixed by the request and its output length."""
+    return (7 * request.id + 13 * len(request.output) + 5) % 97
+
+
+def describe_state(scheduler: ChunkedScheduler) -> str:
+    def one(r: ChunkedRequest) -> str:
+        return f"{r.id} ({r.num_tokens} tokens, {r.num_computed_tokens} computed)"
+
+    return (f"running [{', '.join(map(one, scheduler.running))}], waiting "
+            f"[{', '.join(map(one, scheduler.waiting))}], {scheduler.manager.num_free_blocks()} "
+            f"free blocks of {scheduler.block_size}, budget {scheduler.max_num_batched_tokens}")
+
+
+def summary(scheduler: ChunkedScheduler, plan: Schedule) -> dict:
+    """What a step did, as plain data: chunks (id, start, tokens), preempted ids, and each
+    running and waiting request's (id, num_computed_tokens) in queue order."""
+    chunks = [(c.request.id, c.start, c.num_tokens) for c in getattr(plan, "chunks", [])]
+    return {"chunks": chunks, "preempted": list(getattr(plan, "preempted", [])),
+            "running": [(r.id, r.num_computed_tokens) for r in scheduler.running],
+            "waiting": [(r.id, r.num_computed_tokens) for r in scheduler.waiting]}
+
+
+def make_scheduler(scenario: dict) -> tuple[ChunkedScheduler, list[ChunkedRequest]]:
+    scheduler = ChunkedScheduler(scenario["num_blocks"], scenario["block_size"],
+                                 scenario["budget"], scenario.get("max_num_seqs", 64))
+    requests = [ChunkedRequest(i, list(prompt), output_len, arrival)
+                for i, (prompt, output_len, arrival) in enumerate(scenario["requests"])]
+    return scheduler, requests
+
+
+def arrive(scheduler: ChunkedScheduler, requests: list[ChunkedRequest], step: int) -> None:
+    for request in requests:
+        if request.arrival == step:
+            scheduler.add(request)
+
+
+def simulate(scheduler: ChunkedScheduler, step: int, schedule: Callable,
+             name: str = "schedule_step") -> tuple[Schedule, dict]:
+    """One step of the simulated engine (arrivals already joined): ``schedule`` plans,
+    every request that computed all its tokens emits ``emitted_token``, done requests
+    finish. Returns the plan and its summary (taken before tokens are emitted)."""
+    plan = learner_call(name, scheduler.step, schedule)
+    if not isinstance(plan, Schedule):
+        raise AssertionError(f"{name}(scheduler) returned {type(plan).__name__}, expected a "
+                             "Schedule")
+    seen = summary(scheduler, plan)
+    for chunk in plan.chunks:
+        request = chunk.request
+        if chunk.num_tokens > 0 and chunk.end == request.num_tokens and not request.done:
+            request.emit(emitted_token(request))
+    for request in list(scheduler.running):
+        if request.done:
+            scheduler.finish(request)
+    return plan, seen
+
+
+def diagnose(before: dict, plan: Schedule, seen: dict, budget: int) -> str:
+    """The idea a wrong step misses, read from what it did (``before``: each request's
+    (num_tokens, num_computed_tokens, running) before the step)."""
+    chunks = seen["chunks"]
+    if sum(n for _, _, n in chunks) > budget:
+        return BUDGET
+    if any(start + n > before[i][0] for i, start, n in chunks if i in before):
+        return REMAINING
+    admitted = [i for i, _, _ in chunks if i in before and not before[i][2]]
+    if any(n <= 0 for i, _, n in chunks if i in admitted):
+        return AT_LEAST_ONE
+    kinds = [before[i][2] for i, _, _ in chunks if i in before]
+    if any(not a and b for a, b in zip(kinds, kinds[1:], strict=False)):
+        return RUNNING_FIRST
+    waiting = dict(seen["waiting"])
+    if any(waiting.get(i, 0) != 0 for i in seen["preempted"]):
+        return RESET
+    return ""
+
+
+def run_schedule(fn: Callable, scenario: dict, expected: list[dict] | Callable,
+                 label: str) -> None:
+    """Run ``fn`` on ``scenario`` step by step against ``expected`` (the summaries the rules
+    give, or a function of the step and the state before it that gives one)."""
+    scheduler, requests = make_scheduler(scenario)
+    for step in range(MAX_STEPS):
+        if step > max(r.arrival for r in requests) and not scheduler.busy():
+            return
+        arrive(scheduler, requests, step)
+        state = describe_state(scheduler)
+        before = {r.id: (r.num_tokens, r.num_computed_tokens, True) for r in scheduler.running}
+        before |= {r.id: (r.num_tokens, r.num_computed_tokens, False) for r in scheduler.waiting}
+        want = expected(step, scheduler) if callable(expected) else expected[step]
+        plan, seen = simulate(scheduler, step, fn)
+        if seen != want:
+            hint = diagnose(before, plan, seen, scenario["budget"])
+            raise AssertionError(
+                f"schedule_step(scheduler) {label}, step {step}, with {state}: it scheduled "
+                f"{seen['chunks']} (request, start, tokens), preempted {seen['preempted']}, "
+                f"left running {seen['running']} and waiting {seen['waiting']} (request, "
+                f"computed); the rules give {want['chunks']}, preempted {want['preempted']}, "
+                f"running {want['running']}, waiting {want['waiting']}. {hint}{RULES}")
+    raise AssertionError(f"schedule_step(scheduler) {label}: still busy after {MAX_STEPS} "
+                         "steps. " + RULES)
+
+
+SHARED = [1, 2, 3, 4, 5, 6, 7, 8]
+SCENARIO = {  # blocks of 4; request 2's prompt is request 0's first 8 tokens
+    "num_blocks": 7, "block_size": 4, "budget": 5,
+    "requests": [(SHARED + [9, 10], 3, 0), ([20, 21, 22], 4, 0), (SHARED, 3, 3),
+                 ([40] * 9, 6, 4)],
+}
+
+
+@visible
+def check_schedule_step(fn: Callable) -> None:
+    """Budget 5, blocks of 4, a pool of 7 blocks: a 10-token prompt chunked beside a short
+    one, a later prompt that is its first 8 tokens (prefix hits, the last block recomputed),
+    and a long request that runs the pool out of blocks (preemption by recompute)."""
+    expected = private("09").schedule_trace(SCENARIO)
+    run_schedule(fn, SCENARIO, expected, "(budget 5, blocks of 4, 7 blocks)")
+
+
+# --- varlen_paged_attention and varlen_attention_kernel --------------------------------------
+
+ATTENTION_IDEA = ("Request r's queries are query[query_start_loc[r] : query_start_loc[r + 1]] "
+                  "(q_len of them); its query j is at position seq_lens[r] - q_len + j and "
+                  "attends, with scale x (q . k) and query head h reading KV head h // "
+                  "(num_q_heads // num_kv_heads), over the request's keys 0 .. that position "
+                  "(included), token t at block_tables[r, t // block_size], offset t % "
+                  "block_size.")
+MISTAKES = {
+    "no_causal": ("It matches every query token attending over all seq_len keys: apply the "
+                  "causal mask, a query token sees keys only up to its own position. "),
+    "short": ("It matches each query token seeing keys 0 .. its position - 1: the token's "
+              "own key (written this step) is included, position + 1 keys in all "
+              "(an off-by-one in the context length). "),
+    "long": ("It matches each query token seeing one key past its position: position + 1 "
+             "keys in all, no more (an off-by-one in the context length). "),
+    "packed": ("It matches positions taken from the packed query index t: the start offsets "
+               "are per request, and a query token's position is seq_len - q_len + "
+               "(t - query_start_loc[r]). "),
+    "from_zero": ("It matches positions counted from 0 in each chunk: a chunk starts after "
+                  "the request's cached tokens, at position seq_len - q_len. "),
+}
+NAN_READ = ("It has NaN: a slot past a token's position or a request's end was read (the pool "
+            "holds NaN there). Mask loads and scores past the token's context. ")
+_TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (3e-3, 1e-2),
+              torch.bfloat16: (2e-2, 5e-2)}  # (atol, rtol)
+
+
+def _on_gpu() -> bool:
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+class VarlenCase(PagedCase):
+    """Requests with contexts ``seq_lens`` (their K/V in a NaN-filled pool, shuffled
+    blocks) and ``q_lens`` new query tokens each, packed."""
+
+    def __init__(self, q_lens, seq_lens, block_size, q_heads, kv_heads, head_dim=16,
+                 dtype=torch.float32, seed=SEED, device="cpu"):
+        super().__init__(seq_lens, block_size, q_heads, kv_heads, head_dim, dtype, seed)
+        self.q_lens = list(q_lens)
+        gen = torch.Generator().manual_seed(seed + 7)
+        self.query = torch.randn(sum(self.q_lens), q_heads, head_dim, generator=gen
+                                 ).to(self.dtype)
+        starts = [0]
+        for q_len in self.q_lens:
+            starts.append(starts[-1] + q_len)
+        self.query_start_loc = torch.tensor(starts, dtype=torch.int32)
+        self.device = device
+        for name in ("k_cache", "v_cache", "tables", "seq_lens", "query", "query_start_loc"):
+            setattr(self, name, getattr(self, name).to(device))
+
+    def spec(self) -> dict:
+        spec = super().spec()
+        spec["seq_lens"] = spec.pop("lengths")
+        return dict(q_lens=self.q_lens, **spec)
+
+    def arguments(self) -> tuple:
+        """query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale."""
+        return (self.query, self.k_cache, self.v_cache, self.query_start_loc, self.seq_lens,
+                self.tables, self.scale)
+
+    def describe(self) -> str:
+        return (f"query lengths {self.q_lens}, seq_lens {self.lengths}, blocks of "
+                f"{self.block_size}, {self.q_heads} query heads over {self.kv_heads} KV heads, "
+                f"head_dim {self.head_dim}, {dtype_name(self.dtype)}")
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
+    atol, rtol = (2e-3, 2e-3) if dtype == torch.float32 and _on_gpu() else _TOLERANCE[dtype]
+    return torch.allclose(got.double().cpu(), want.double().cpu(), atol=atol, rtol=rtol,
+                          equal_nan=True)
+
+
+def compare_attention(out, case: VarlenCase, name: str, answers: dict) -> None:
+    """``out`` against ``answers["want"]``; a wrong one is matched against the known
+    mistakes in ``answers`` (each query token's rows as that mistake computes them)."""
+    shape = tuple(case.query.shape)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
+        raise AssertionError(f"{name}(...) on {case.describe()} returned "
+                             f"{getattr(out, 'shape', type(out).__name__)}, expected shape "
+                             f"{shape} (one row per packed query token). {ATTENTION_IDEA}")
+    if out.dtype != case.query.dtype:
+        raise AssertionError(f"{name}(...) on {case.describe()} returned {out.dtype}; the "
+                             f"output has the query's dtype, {case.query.dtype}.")
+    want = answers["want"]
+    bad = [t for t in range(shape[0]) if out[t].isnan().any()
+           or not _close(out[t], want[t], case.dtype)]
+    if not bad:
+        return
+    starts = case.query_start_loc.tolist()
+    request = next(r for r in range(len(case.q_lens)) if starts[r] <= bad[0] < starts[r + 1])
+    def matches(wrong: torch.Tensor | None) -> bool:
+        """Where the mistake sees no key at all (its row is NaN), any value goes."""
+        defined = [t for t in bad if wrong is not None and not wrong[t].isnan().any()]
+        return bool(defined) and all(_close(out[t], wrong[t], case.dtype) for t in defined)
+
+    hint = next((text for key, text in MISTAKES.items() if matches(answers.get(key))), "")
+    if not hint and out.isnan().any():
+        hint = NAN_READ
+    raise AssertionError(
+        f"{name}(...) on {case.describe()}: packed query token {bad[0]} (request {request}, "
+        f"its query {bad[0] - starts[request]} of {case.q_lens[request]}, context "
+        f"{case.lengths[request]}) is wrong ({len(bad)} of {shape[0]} tokens are). "
+        f"{hint}{ATTENTION_IDEA}")
+
+
+def ask_attention(case: VarlenCase) -> dict:
+    """The expected output of ``case`` and what known mistakes give, asked first."""
+    return private("09").attention_answers(**case.spec())
+
+
+VISIBLE_CASE = dict(q_lens=[3, 1, 2], seq_lens=[6, 5, 2], block_size=4, q_heads=4,
+                    kv_heads=2, head_dim=8)
+
+
+@visible
+def check_varlen_paged_attention(fn: Callable) -> None:
+    """Three requests, blocks of 4, 4 query heads over 2 KV heads: a chunk of 3 new tokens
+    after 3 cached ones, a decode (context 5), a fresh 2-token prompt."""
+    case = VarlenCase(**VISIBLE_CASE)
+    answers = ask_attention(case)
+    out = learner_call("varlen_paged_attention", fn, *case.arguments())
+    compare_attention(out, case, "varlen_paged_attention", answers)
+
+
+def run_kernel(fn: Callable, case: VarlenCase, answers: dict) -> None:
+    import numpy  # the interpreter's arithmetic: a 0 / 0 of a wrong kernel stays off stderr
+
+    with numpy.errstate(all="ignore"):
+        out = learner_call("varlen_attention_kernel", launch_varlen, fn, *case.arguments())
+    compare_attention(out, case, "varlen_attention_kernel", answers)
+
+
+KERNEL_CASE = dict(q_lens=[3, 1, 2], seq_lens=[6, 5, 2], block_size=4, q_heads=4,
+                   kv_heads=2, head_dim=12)
+
+
+@visible
+def check_varlen_attention_kernel(fn: Callable) -> None:
+    """The same three requests through the kernel, head_dim 12 (padded to 16, masked)."""
+    case = VarlenCase(**KERNEL_CASE, device="cuda" if _on_gpu() else "cpu")
+    run_kernel(fn, case, ask_attention(case))
+
+
+# --- engine_step -----------------------------------------------------------------------------
+
+STEP_IDEA = ("At every layer: q, k, v = model.qkv(layer, x, batch.positions) (each token at "
+             "its true position in its request); write k, v at batch.slot_mapping "
+             "(chapter 6's write_kv) before attending, since each token attends to itself; "
+             "attend with engine.attention(q, pool.k[layer], pool.v[layer], "
+             "batch.query_start_loc, batch.seq_lens, batch.block_tables, model.scale); "
+             "finish the layer. Then the logits of each chunk's last row "
+             "(query_start_loc[r + 1] - 1), and an emitted token only where the chunk ends "
+             "at the request's last known token.")
+SAMPLE_ONLY = ("A request emitted a token after a chunk that ends before its last known "
+               "token: its prompt is not computed yet, so there is nothing to sample; emit "
+               "only where chunk.end == chunk.request.num_tokens. ")
+SAMPLE_WHERE_DONE = ("A request whose chunk ends at its last known token emitted nothing: "
+                     "that chunk's last row gives the next token. ")
+STEP_NAN = ("NaN: attention read a slot nothing wrote. At every layer write the new K/V "
+            "(write_kv at batch.slot_mapping) before attending. ")
+LAST_ROW = ("Its logits are those of the chunk's first token: take each chunk's last row, "
+            "batch.query_start_loc[1:] - 1. ")
+LOGITS_TOLERANCE = 1e-4
+
+
+def per_token_decode(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
+                     scale):
+    """The checks' attention for the engine step: every query token a decode of its own
+    (chapter 6's ``paged_decode_attention``, context up to the token's position)."""
+    from kernels.paged_attention_ref import paged_decode_attention
+
+    q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
+    owner = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), q_lens)
+    offset = torch.arange(query.shape[0], device=q_lens.device) - query_start_loc[:-1].long()[owner]
+    context = seq_lens.long()[owner] - q_lens[owner] + offset + 1
+    return paged_decode_attention(query, k_cache, v_cache, block_tables[owner], context.int(),
+                                  scale)
+
+
+def chunks_of(size: int) -> Callable:
+    """The checks' own scheduling for the engine step: every running request its next
+    ``size`` tokens, every waiting request admitted at once with its prefix hits."""
+
+    def schedule(scheduler: ChunkedScheduler) -> Schedule:
+        plan, manager = Schedule(), scheduler.manager
+        while scheduler.waiting:
+            request = scheduler.waiting.popleft()
+            request.num_computed_tokens = manager.allocate(request.id, request.tokens)
+            scheduler.running.append(request)
+        for request in scheduler.running:
+            while manager.seq_len(request.id) < request.num_tokens:
+                manager.append_slot(request.id, request.tokens[manager.seq_len(request.id)])
+            count = min(size, request.num_tokens - request.num_computed_tokens)
+            plan.chunks.append(Chunk(request, request.num_computed_tokens, count))
+            request.num_computed_tokens += count
+        return plan
+
+    return schedule
+
+
+class WatchedEngine(ChunkedEngine):
+    """A ChunkedEngine that checks, after every model step, that exactly the requests whose
+    chunk ended at their last known token emitted one token."""
+
+    label = ""
+
+    def step(self) -> Schedule:
+        before = {}
+        plan = self.scheduler.step(self.schedule)
+        for chunk in plan.chunks:
+            request = chunk.request
+            before[request.id] = (request, chunk, request.num_tokens, len(request.output))
+        if plan.chunks:
+            learner_call("engine_step", self.model_step, self, plan)
+        for request, chunk, num_tokens, emitted in before.values():
+            where = (f"engine_step(engine, plan) {self.label}, step {self.steps}: request "
+                     f"{request.id}'s chunk computed positions {chunk.start} .. "
+                     f"{chunk.end - 1} of its {num_tokens} tokens")
+            if chunk.end < num_tokens and len(request.output) != emitted:
+                raise AssertionError(f"{where}. {SAMPLE_ONLY}{STEP_IDEA}")
+            if chunk.end == num_tokens and len(request.output) != emitted + 1:
+                raise AssertionError(f"{where}. {SAMPLE_WHERE_DONE}{STEP_IDEA}")
+        self.steps += 1
+        return plan
+
+
+def compare_runs(model, finished: list, requests: list, label: str) -> None:
+    """Every request's tokens and logits against its own contiguous run."""
+    from course.tiny_model import generate_contiguous
+
+    by_id = {r.id: r for r in finished}
+    for request in requests:
+        got = by_id.get(request.id)
+        if got is None:
+            raise AssertionError(f"engine_step(...) {label}: request {request.id} never "
+                                 f"finished. {STEP_IDEA}")
+        tokens, logits = generate_contiguous(model, request.prompt, request.output_len)
+        for index, (a, b) in enumerate(zip(got.logits, logits, strict=False)):
+            a = a if isinstance(a, torch.Tensor) else torch.full_like(b, float("nan"))
+            if a.shape == b.shape and not a.isnan().any() and torch.allclose(
+                    a.to(b.device), b, atol=LOGITS_TOLERANCE, rtol=LOGITS_TOLERANCE):
+                continue
+            hint = STEP_NAN if a.isnan().any() else ""
+            if not hint and index == 0 and len(request.prompt) > 1:
+                first_row = generate_contiguous(model, request.prompt[:1], 1)[1][0]
+                rows = [generate_contiguous(model, request.prompt[:n], 1)[1][0]
+                        for n in range(1, len(request.prompt))]
+                if a.shape == first_row.shape and any(
+                        torch.allclose(a.to(r.device), r, atol=LOGITS_TOLERANCE,
+                                       rtol=LOGITS_TOLERANCE) for r in rows):
+                    hint = LAST_ROW
+            raise AssertionError(
+                f"engine_step(...) {label}: request {request.id} (prompt of "
+                f"{len(request.prompt)} tokens) generated {got.output[:index + 1]}..., its "
+                f"contiguous run {tokens[:index + 1]}...; the logits of output token {index} "
+                f"differ. {hint}{STEP_IDEA}")
+
+
+def engine_requests(specs: list[tuple]) -> list[ChunkedRequest]:
+    return [ChunkedRequest(i, list(prompt), output_len, arrival)
+            for i, (prompt, output_len, arrival) in enumerate(specs)]
+
+
+def run_engine(fn: Callable, specs: list[tuple], block_size: int, num_blocks: int,
+               budget: int, schedule: Callable | None, attention: Callable, label: str,
+               device: str = "cpu") -> None:
+    model = TinyModel(seed=SEED, device=device)
+    engine = WatchedEngine(model, num_blocks, block_size, budget, attention=attention,
+                           schedule=schedule, step=fn)
+    engine.label = label
+    requests = engine_requests(specs)
+    finished = serve_chunked(engine, requests, max_steps=2_000)
+    compare_runs(model, finished, requests, label)
+    manager = engine.manager
+    if manager.num_free_blocks() != manager.num_blocks:
+        raise AssertionError(f"engine_step(...) {label}: after serving, "
+                             f"{manager.num_free_blocks()} of {manager.num_blocks} blocks are "
+                             "free.")
+
+
+ENGINE_SPECS = [([3, 14, 15, 92, 65, 35], 4, 0), ([8, 9, 7, 9], 3, 1),
+                ([3, 14, 15, 92, 11, 12, 13], 3, 3)]
+
+
+@visible
+def check_engine_step(fn: Callable) -> None:
+    """Three requests (the third sharing the first one's first block of 4), chunks of at
+    most 3 tokens, against contiguous generation."""
+    run_engine(fn, ENGINE_SPECS, 4, 16, 64, chunks_of(3), per_token_decode,
+               "(chunks of at most 3 tokens, blocks of 4, a shared first block)")

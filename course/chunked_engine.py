@@ -1,0 +1,199 @@
+"""Chapter 9: the tiny model served by an engine with chunked prefill and prefix hits, every
+token through one variable-length paged attention.
+
+    requests --> ChunkedScheduler.step (schedule_step) --> Schedule: chunks
+                 build_varlen_batch: the chunks' tokens packed, their positions, slots,
+                                     query_start_loc, seq_lens, block tables
+                 engine_step: at every layer write the new K/V through the slot mapping,
+                              attend (varlen_paged_attention, or the Triton kernel),
+                              sample where a request's known tokens are all computed
+                 finish done requests (their blocks return to the pool, cached ones stay hits)
+
+Chapter 8's engine ran a prefill as contiguous attention over its own fresh K/V and only
+decodes read the paged cache; here prefill chunks and decodes are one batch, and every query
+reads all of its keys from the paged cache, the ones it has just written included, which is
+what lets a prefix-cache hit skip its tokens' compute.
+
+Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 9's
+notebook renders its cells from them, and the learner edition replaces them with stubs
+(``autograder/render.py``, ``autograder/edition.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from course.chunked_scheduler import (
+    Chunk,
+    ChunkedRequest,
+    ChunkedScheduler,
+    ComputedPrefixCache,
+    Schedule,
+    schedule_step,
+)
+from course.paged_engine import KVPool
+from course.tiny_model import TinyModel
+from kernels.paged_attention_ref import write_kv
+from kernels.varlen_attention_ref import varlen_paged_attention
+
+
+@dataclass
+class VarlenBatch:
+    """The tensors one step needs: its chunks' tokens packed, one row per token, and per
+    request where its tokens start and what it attends over (vLLM's attention metadata)."""
+
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64: each token's position in its request
+    slot_mapping: torch.Tensor  # [num_tokens] int64: where its K/V go in the pool
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: request r's tokens start here
+    seq_lens: torch.Tensor  # [num_seqs] int32: context after this step (cached + new)
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
+
+    def to(self, device: torch.device | str) -> VarlenBatch:
+        return VarlenBatch(*(t.to(device) for t in (
+            self.input_ids, self.positions, self.slot_mapping, self.query_start_loc,
+            self.seq_lens, self.block_tables)))
+
+
+def build_varlen_batch(manager: ComputedPrefixCache, chunks: list[Chunk]) -> VarlenBatch:
+    """The batch of ``chunks``: chunk c computes positions c.start .. c.end - 1 of its
+    request, whose slots ``manager`` holds."""
+    ids, positions, slots, starts, lengths, tables = [], [], [], [0], [], []
+    for chunk in chunks:
+        table, size = manager.block_table(chunk.request.id), manager.block_size
+        span = range(chunk.start, chunk.end)
+        ids += chunk.request.tokens[chunk.start:chunk.end]
+        positions += span
+        slots += [table[p // size] * size + p % size for p in span]
+        starts.append(starts[-1] + chunk.num_tokens)
+        lengths.append(chunk.end)
+        tables.append(table)
+    width = max((len(t) for t in tables), default=1)
+    return VarlenBatch(torch.tensor(ids, dtype=torch.int64),
+                       torch.tensor(positions, dtype=torch.int64),
+                       torch.tensor(slots, dtype=torch.int64),
+                       torch.tensor(starts, dtype=torch.int32),
+                       torch.tensor(lengths, dtype=torch.int32),
+                       torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                    dtype=torch.int32).reshape(len(tables), width))
+
+
+def default_attention(device: torch.device) -> Callable:
+    """Chapter 9's Triton kernel on a CUDA GPU, else ``varlen_paged_attention`` in PyTorch."""
+    if device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        from kernels.varlen_attention import varlen_attention
+
+        return varlen_attention
+    return varlen_paged_attention
+
+
+@dataclass
+class ChunkRecord:
+    """What one step computed: (request, start, tokens, kind) per chunk, kind "decode"
+    (one token after the prompt), "prefill" (a chunk of the prompt) or "recompute" (a
+    chunk of generated tokens, after a preemption); and the requests preempted."""
+
+    step: int
+    chunks: list[tuple[int, int, int, str]]
+    preempted: list[int]
+    budget: int
+
+
+class ChunkedEngine:
+    """The tiny model behind a ``ChunkedScheduler`` and a KV pool.
+
+    ``schedule`` is the scheduling step (by default ``schedule_step``), ``step`` the model
+    step (by default ``engine_step``), ``attention`` the variable-length paged attention (by
+    default the Triton kernel on a CUDA GPU, else ``varlen_paged_attention``).
+    """
+
+    def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
+                 max_num_batched_tokens: int, max_num_seqs: int = 64,
+                 attention: Callable | None = None, schedule: Callable | None = None,
+                 step: Callable | None = None) -> None:
+        self.model = model
+        self.scheduler = ChunkedScheduler(num_blocks, block_size, max_num_batched_tokens,
+                                          max_num_seqs)
+        self.pool = KVPool.empty(model, num_blocks, block_size)
+        self.attention = attention or default_attention(model.embedding.device)
+        self.schedule = schedule or schedule_step
+        self.model_step = step or engine_step
+        self.records: list[ChunkRecord] = []
+        self.admitted: set[int] = set()
+        self.prompt_tokens = 0  # prompt tokens of every request admitted
+        self.prompt_hits = 0  # of them, found in the prefix cache at first admission
+        self.steps = 0
+
+    @property
+    def manager(self) -> ComputedPrefixCache:
+        return self.scheduler.manager
+
+    def build_batch(self, plan: Schedule) -> VarlenBatch:
+        """The step's batch, on the model's device."""
+        return build_varlen_batch(self.manager, plan.chunks).to(self.model.embedding.device)
+
+    def step(self) -> Schedule:
+        """Schedule, run the model on the chunks, note what was computed."""
+        plan = self.scheduler.step(self.schedule)
+        kinds = []
+        for chunk in plan.chunks:
+            request, prompt = chunk.request, len(chunk.request.prompt)
+            kind = ("prefill" if chunk.start < prompt else
+                    "decode" if chunk.num_tokens == 1 else "recompute")
+            if request.id not in self.admitted:  # its first admission: its prefix hits
+                self.admitted.add(request.id)
+                self.prompt_hits += chunk.start
+                self.prompt_tokens += prompt
+            kinds.append((request.id, chunk.start, chunk.num_tokens, kind))
+        if plan.chunks:
+            self.model_step(self, plan)
+        self.records.append(ChunkRecord(self.steps, kinds, list(plan.preempted),
+                                        self.scheduler.max_num_batched_tokens))
+        self.steps += 1
+        return plan
+
+
+def engine_step(engine: ChunkedEngine, plan: Schedule) -> None:
+    """Run the model on ``plan``'s chunks (``engine.build_batch(plan)``): at every layer write
+    the new tokens' K/V at the batch's slots, then attend with ``engine.attention``; every
+    request whose chunk ends at its last known token (``chunk.end ==
+    chunk.request.num_tokens``) emits the greedy token from its chunk's last row's logits."""
+    ### BEGIN SOLUTION
+    model, pool = engine.model, engine.pool
+    batch = engine.build_batch(plan)
+    x = model.embed(batch.input_ids)
+    for layer in range(model.config.num_layers):
+        q, k, v = model.qkv(layer, x, batch.positions)
+        write_kv(pool.k[layer], pool.v[layer], k, v, batch.slot_mapping)
+        out = engine.attention(q, pool.k[layer], pool.v[layer], batch.query_start_loc,
+                               batch.seq_lens, batch.block_tables, model.scale)
+        x = model.finish_layer(layer, x, out)
+    last_rows = batch.query_start_loc[1:].long() - 1
+    logits = model.logits(x[last_rows])
+    for chunk, row in zip(plan.chunks, logits, strict=True):
+        if chunk.end == chunk.request.num_tokens:
+            chunk.request.emit(int(row.argmax()), row)
+    ### END SOLUTION
+
+
+def serve_chunked(engine: ChunkedEngine, requests: list[ChunkedRequest],
+                  max_steps: int = 10_000) -> list[ChunkedRequest]:
+    """Run ``requests`` (each joining at step ``arrival``) to completion, in finishing
+    order."""
+    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
+    finished: list[ChunkedRequest] = []
+    for step in range(max_steps):
+        if not pending and not engine.scheduler.busy():
+            return finished
+        while pending and pending[0].arrival <= step:
+            engine.scheduler.add(pending.pop(0))
+        engine.step()
+        for request in list(engine.scheduler.running):
+            if request.done:
+                engine.scheduler.finish(request)
+                finished.append(request)
+    raise RuntimeError(f"requests still unfinished after {max_steps} steps")

@@ -1,0 +1,74 @@
+"""Chapter 9's scheduling step beyond the checks: the course's answer and the hidden model (a
+second reading of the rules) agree on every hypothesis-drawn scenario, and the step keeps its
+promises (the budget, at least one token per admitted request, a reset on preemption, blocks
+conserved, cached blocks only once computed)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+
+from autograder.checks.ch09 import arrive, make_scheduler, simulate
+from autograder.hidden.ch09 import _scenarios, model_step
+from course.chunked_scheduler import ChunkedRequest, ChunkedScheduler, schedule_step
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(_scenarios())
+def test_the_answer_and_the_model_agree_on_every_scenario(scenario):
+    course, requests = make_scheduler(scenario)
+    model, twins = make_scheduler(scenario)
+    for step in range(400):
+        if step > max(r.arrival for r in requests) and not course.busy():
+            break
+        arrive(course, requests, step)
+        arrive(model, twins, step)
+        plan, seen = simulate(course, step, schedule_step)
+        assert seen == simulate(model, step, model_step)[1]
+        assert plan.total_num_scheduled_tokens <= scenario["budget"]
+        assert all(c.num_tokens >= 1 and c.end <= c.request.num_tokens + 1 for c in plan.chunks)
+        assert all(r.num_computed_tokens == 0 for r in course.waiting)
+        manager = course.manager
+        manager.check_invariants()
+        for r in course.running:  # a cached block of a running request is a computed one
+            table = manager.block_table(r.id)
+            computed_blocks = r.num_computed_tokens // manager.block_size
+            assert all(not manager.is_cached(b) or i < computed_blocks or
+                       manager.ref_count(b) > 1 for i, b in enumerate(table))
+    else:
+        raise AssertionError("the scenario never finished")
+    assert course.manager.num_free_blocks() == scenario["num_blocks"]
+
+
+def test_a_hit_starts_a_request_with_its_computed_blocks_and_never_the_whole_prompt():
+    scheduler = ChunkedScheduler(num_blocks=8, block_size=4, max_num_batched_tokens=100)
+    first = ChunkedRequest(0, list(range(8)), output_len=1)
+    scheduler.add(first)
+    assert [c.num_tokens for c in scheduler.step().chunks] == [8]
+    second = ChunkedRequest(1, list(range(8)), output_len=1)
+    scheduler.add(second)
+    plan = scheduler.step()  # the first request has nothing new to compute yet
+    assert [(c.request.id, c.start, c.num_tokens) for c in plan.chunks] == [(0, 8, 0), (1, 4, 4)]
+
+
+def test_a_block_still_being_filled_is_not_a_hit():
+    scheduler = ChunkedScheduler(num_blocks=8, block_size=4, max_num_batched_tokens=2)
+    scheduler.add(ChunkedRequest(0, list(range(5)), output_len=1))
+    scheduler.step()  # 2 of the first block's 4 tokens computed
+    scheduler.add(ChunkedRequest(1, list(range(9)), output_len=1))
+    scheduler.max_num_batched_tokens = 4
+    plan = scheduler.step()
+    assert [(c.request.id, c.start) for c in plan.chunks] == [(0, 2), (1, 0)]
+
+
+def test_the_budget_animation_shows_each_steps_chunks_and_unused_budget():
+    from course.budget_animation import budget_animation, frame_html
+    from course.chunked_engine import ChunkRecord
+
+    records = [ChunkRecord(0, [(0, 0, 3, "prefill")], [], 4),
+               ChunkRecord(1, [(0, 3, 1, "decode"), (1, 0, 2, "prefill")], [2], 4)]
+    first, second = frame_html(records, 0), frame_html(records, 1)
+    assert 'data-tokens="3"' in first and "1 unused" in first
+    assert 'data-kind="decode"' in second and 'data-preempted="1"' in second
+    view = budget_animation(records).children[1]
+    assert 'data-step="0"' in view.value

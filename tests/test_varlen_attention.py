@@ -1,0 +1,37 @@
+"""Chapter 9's attention beyond the checks: a decode batch (every query length 1) is chapter
+6's and chapter 7's decode attention; a chunk equals contiguous causal attention over the
+request's whole context; the kernel equals the PyTorch version on a mixed batch."""
+
+from __future__ import annotations
+
+import torch
+
+from autograder.checks.ch09 import VarlenCase
+from course.tiny_model import causal_attention
+from kernels.paged_attention import paged_attention
+from kernels.paged_attention_ref import paged_decode_attention
+from kernels.varlen_attention import varlen_attention
+from kernels.varlen_attention_ref import varlen_paged_attention
+
+
+def test_a_decode_batch_is_chapter_6_and_7s_decode_attention():
+    case = VarlenCase([1, 1, 1], [1, 9, 17], block_size=4, q_heads=4, kv_heads=2)
+    query, k_cache, v_cache, starts, seq_lens, tables, scale = case.arguments()
+    decoded = paged_decode_attention(query, k_cache, v_cache, tables, seq_lens, scale)
+    assert torch.allclose(varlen_paged_attention(*case.arguments()), decoded, atol=1e-5)
+    assert torch.allclose(paged_attention(query, k_cache, v_cache, tables, seq_lens, scale),
+                          varlen_attention(*case.arguments()), atol=1e-5)
+
+
+def test_a_chunk_is_causal_attention_over_the_whole_context():
+    case = VarlenCase([4], [10], block_size=2, q_heads=4, kv_heads=2)
+    got = varlen_paged_attention(*case.arguments())
+    want = causal_attention(case.query, case.keys[0], case.values[0], case.scale, past=6)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_the_kernel_equals_the_reference_on_a_mixed_batch_with_an_odd_head_size():
+    case = VarlenCase([3, 1, 5], [3, 7, 12], block_size=2, q_heads=6, kv_heads=2,
+                      head_dim=20)
+    assert torch.allclose(varlen_attention(*case.arguments()),
+                          varlen_paged_attention(*case.arguments()), atol=1e-5)
