@@ -69,9 +69,9 @@ def _attention_probe(attention: Callable) -> torch.Tensor:
                      torch.tensor([[2, 0], [3, 0]], dtype=torch.int32), 0.35)
 
 
-def _step_probe(step: Callable, model: TinyModel) -> list:
-    engine = ChunkedEngine(model, 8, 4, 3, attention=chunked_engine.varlen_paged_attention,
-                           schedule=chunked_scheduler.schedule_step, step=step)
+def _step_probe(step: Callable, model: TinyModel, schedule: Callable, attention: Callable
+                ) -> list:
+    engine = ChunkedEngine(model, 8, 4, 3, attention=attention, schedule=schedule, step=step)
     finished = serve_chunked(engine, [ChunkedRequest(0, [3, 14, 15, 92, 65], 3)], 50)
     return [r.output for r in finished]
 
@@ -81,13 +81,14 @@ def chosen_parts(schedule_step: Callable, varlen_paged_attention: Callable,
     """The engine's ``schedule``, ``attention`` and ``step``: each the learner's where it runs
     and agrees with the course's on a small case, else the course's; where neither runs, a
     stand-in that ``needs`` turns into one line saying what to finish."""
-    return {
-        "schedule": _chosen(schedule_step, chunked_scheduler.schedule_step, _schedule_probe),
-        "attention": _chosen(varlen_paged_attention, chunked_engine.varlen_paged_attention,
-                             _attention_probe),
-        "step": _chosen(engine_step, chunked_engine.engine_step,
-                        lambda fn: _step_probe(fn, model)),
-    }
+    schedule = _chosen(schedule_step, chunked_scheduler.schedule_step, _schedule_probe)
+    attention = _chosen(varlen_paged_attention, chunked_engine.varlen_paged_attention,
+                        _attention_probe)
+    # the step is probed with the schedule and attention chosen above: in a learner edition
+    # the course's are stubs, and the learner's own must carry it
+    step = _chosen(engine_step, chunked_engine.engine_step,
+                   lambda fn: _step_probe(fn, model, schedule, attention))
+    return {"schedule": schedule, "attention": attention, "step": step}
 
 
 def workload(count: int, seed: int, shared: int = 8) -> list[ChunkedRequest]:

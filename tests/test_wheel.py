@@ -26,6 +26,7 @@ from conftest import CHAPTERS, REPO
 from run_notebooks import errors
 
 from autograder.edition import build
+from autograder.table import PARTS
 
 pytestmark = pytest.mark.pipeline
 
@@ -94,11 +95,14 @@ def test_the_course_is_the_editions_wheel_with_the_learned_chapter_stubbed(wheel
                              capture_output=True, text=True, check=True).stdout.split()
     assert all("site-packages" in path for path in located[:3]), located
     assert located[3] == "None"  # no hidden checks in a learner's environment
+    module, name = next((where, grade_id) for grade_id, where in
+                        PARTS[LEARNED.name].answers.items() if ":" not in where)
     stub = subprocess.run(
-        [str(python), "-c", "import course; course.setup(quiet=True)\n"
-         "from course.paged_engine import build_decode_batch\nbuild_decode_batch(None, [])"],
+        [str(python), "-c", "import inspect, course; course.setup(quiet=True)\n"
+         f"from {module} import {name} as answer\n"
+         "answer(*[None] * len(inspect.signature(answer).parameters))"],
         cwd=python.parents[2], capture_output=True, text=True)
-    assert "is not part of this edition" in stub.stderr
+    assert "is not part of this edition" in stub.stderr, stub.stderr
 
 
 def test_the_first_setup_cell_installed_the_course_from_the_wheel_beside_it(wheel_env):
