@@ -129,11 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.learners / minutes:.1f} notebooks per minute ({rows} gradebook "
                   f"rows, exit code {done.returncode})")
             if (option, value) == ("--jobs", "1"):
-                print(_projection(args.learners / minutes))
+                print(_projection(args.learners / minutes, len(chapters())))
     return 0
 
 
-def _projection(per_worker: float, chapters: int = 8) -> str:
+def _projection(per_worker: float, chapters: int) -> str:
     """Hours for whole classes (every learner hands in every chapter) on N workers that each
     grade at ``per_worker`` notebooks per minute, as one core here did with ``--jobs 1``: a
     projection, assuming each worker has a core of its own and the scheduler is not the limit."""
