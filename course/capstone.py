@@ -4,13 +4,13 @@ over time against contiguous reservation at the same capacity."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from course import paged_engine
 from course.block_manager import BlockManager
-from course.notebook import NotReady, learner_or_course, needs
+from course.notebook import NotReady, needs
+from course.notebook import learner_or_course_probed as _chosen
 from course.paged_engine import (
     DecodeBatch,
     GenRequest,
@@ -62,24 +62,6 @@ def engine_parts(serve: Callable, build_batch: Callable, decode_step: Callable,
     except NotReady:
         return serve, parts  # nothing to serve with yet: the cell stops at needs(...)
     return _chosen(serve, paged_engine.serve, lambda fn: _serve_probe(fn, parts, model)), parts
-
-
-def _chosen(learner: Callable, course: Callable, probe: Callable[[Callable], Any]
-            ) -> Callable:
-    """``learner_or_course`` on what ``probe(fn)`` gives (a value to compare: each call
-    builds its own engine, pool or requests); the learner's function, the course's, or the
-    stand-in."""
-
-    def probing(fn: Callable) -> Callable:
-        def probed() -> Any:
-            return probe(fn)
-
-        probed.__name__ = getattr(learner, "__name__", "your function")
-        return probed
-
-    mine, ours = probing(learner), probing(course)
-    chosen = learner_or_course(mine, ours)
-    return learner if chosen is mine else course if chosen is ours else chosen
 
 
 def _batch_probe(build_batch: Callable) -> tuple:

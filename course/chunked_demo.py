@@ -18,26 +18,11 @@ import torch
 from course import chunked_engine, chunked_scheduler
 from course.chunked_engine import ChunkedEngine, serve_chunked
 from course.chunked_scheduler import ChunkedRequest, ChunkedScheduler
-from course.notebook import learner_or_course, needs
+from course.notebook import learner_or_course_probed as _chosen
+from course.notebook import needs
 from course.prefix_sim import WORKLOADS
 from course.serving_sim import CostModel, opt13b_a100_40gb
 from course.tiny_model import TinyModel, generate_contiguous
-
-
-def _chosen(learner: Callable, course: Callable, probe: Callable[[Callable], Any]) -> Callable:
-    """``learner_or_course`` on what ``probe(fn)`` gives; the learner's function, the
-    course's, or the stand-in."""
-
-    def probing(fn: Callable) -> Callable:
-        def probed() -> Any:
-            return probe(fn)
-
-        probed.__name__ = getattr(learner, "__name__", "your function")
-        return probed
-
-    mine, ours = probing(learner), probing(course)
-    chosen = learner_or_course(mine, ours)
-    return learner if chosen is mine else course if chosen is ours else chosen
 
 
 def _schedule_probe(schedule: Callable) -> list:

@@ -66,6 +66,24 @@ def learner_or_course(
                    name, f"{name} (its TODO above)", "is not written yet", "its test cell")
 
 
+def learner_or_course_probed(learner: Callable[..., Any], course: Callable[..., Any],
+                             probe: Callable[[Callable[..., Any]], Any]) -> Any:
+    """``learner_or_course`` judged on what ``probe(fn)`` gives (a value to compare, each call
+    building its own engine, pool or requests): the learner's function, the course's, or the
+    stand-in."""
+
+    def probing(fn: Callable[..., Any]) -> Callable[[], Any]:
+        def probed() -> Any:
+            return probe(fn)
+
+        probed.__name__ = getattr(learner, "__name__", "your function")
+        return probed
+
+    mine, ours = probing(learner), probing(course)
+    chosen = learner_or_course(mine, ours)
+    return learner if chosen is mine else course if chosen is ours else chosen
+
+
 def learner_or_course_class(learner: type, course: type, probe: Callable[[type], Any]) -> Any:
     """``learner_or_course`` for a class built up over several TODOs. ``probe(cls)`` plays a
     short scenario on a fresh instance of ``cls`` and returns what it observed, in terms any
