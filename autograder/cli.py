@@ -33,7 +33,7 @@ import zipfile
 from pathlib import Path
 
 from autograder.autograde import Grader, Limits
-from autograder.chapters import chapters, class_chapters
+from autograder.chapters import REPO, chapters, class_chapters
 from autograder.report import NotebookResult, format_report
 
 
@@ -98,6 +98,11 @@ def _parser() -> argparse.ArgumentParser:
                          help="where the class publishes the edition (default: pyproject's)")
 
     commands.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
+    words = commands.add_parser("translations", help="collect every English text into the "
+                                "translation catalogues (*.po), keeping current translations; "
+                                "say what is left to translate")
+    words.add_argument("--check", action="store_true",
+                       help="change nothing: list each text without a current translation")
     where = commands.add_parser("repository", help="set the repository URL that Colab installs "
                                 "from and the README's Colab links open (then `release`)")
     where.add_argument("url", help="for example https://github.com/you/paged-kv-course")
@@ -277,6 +282,24 @@ def _edition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _translations(check: bool) -> int:
+    from autograder.translation import TRANSLATED, domains, in_language, stale, update
+
+    left = 0
+    for path, texts in domains().items():
+        for language in TRANSLATED:
+            catalogue = in_language(path, language)
+            missing = stale(catalogue, texts) if check else update(catalogue, texts, language)
+            left += len(missing)
+            if check:
+                for line in missing:
+                    print(line)
+            else:
+                print(f"{catalogue.relative_to(REPO)}: {len(missing)} to translate")
+    print(f"{left} texts without a current translation")
+    return 1 if check and left else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "release":
@@ -285,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in release_all():
             print(f"wrote {path}")
         return 0
+
+    if args.command == "translations":
+        return _translations(args.check)
 
     if args.command == "repository":
         from autograder.repository import set_url

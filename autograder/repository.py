@@ -31,7 +31,8 @@ _SETUP_CELL = '''\
 # Where the course package is missing (a fresh Colab session), this cell installs
 # it: from $KV_COURSE_SOURCE if set, else a course wheel next to this notebook, else the
 # checkout this notebook sits in, else the course's repository. Then it picks GPU mode or
-# Triton's CPU interpreter and says which.
+# Triton's CPU interpreter and says which. Behind a PyPI mirror, name it before running
+# this cell (pip reads it), e.g. %env PIP_INDEX_URL=https://mirrors.aliyun.com/pypi/simple/
 import glob
 import importlib.util
 import os

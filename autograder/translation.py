@@ -1,0 +1,488 @@
+"""The translated editions: what a translator translates, and the notebooks made from it.
+
+English is the source. ``update`` collects every text a learner reads and writes it into
+gettext catalogues (``*.po``, one per notebook, chapter of checks, grader and library), keeping
+each translation whose English is unchanged; ``build`` writes a translated notebook from an
+English one and its catalogue. What is collected::
+
+    solutions/NN_slug.ipynb     markdown, block by block (fenced code stays as written);
+                                in code cells, comments, docstrings (paragraph by paragraph)
+                                and the strings a cell prints
+        -> solutions/locale/<language>/LC_MESSAGES/NN_slug.po
+    autograder/checks/chNN.py   every string that reads as prose (not docstrings): hints,
+    autograder/hidden/chNN.py   ideas, the pieces they are made of
+        -> autograder/locale/<language>/LC_MESSAGES/chNN.po
+    autograder/<grader>.py      the grader's messages and reports -> .../grader.po
+    course/*.py                 what the library marks with ``tr(...)`` -> course/locale/...
+
+An f-string becomes a template (flag ``python-brace-format``): its holes are written as their
+expressions, and a translation keeps them (``course.language`` fills them back in).
+
+A changed English text is a new entry: its old translation is kept beside it as fuzzy (with
+the old English as ``previous msgid``), and ``stale`` names it until a translator confirms it.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from autograder.chapters import REPO, SOLUTIONS, chapters
+from course.language import locale_folder, split_template
+
+TRANSLATED = ("zh_CN",)  # the languages the course is translated into
+BRACE = "python-brace-format"
+GLOSSARY = REPO / "docs" / "glossary.zh_CN.md"
+
+# The grader's own modules whose messages a learner reads (the chapters' checks have their own
+# catalogues).
+GRADER_MODULES = ("checks/_helpers.py", "checks/_contract.py", "checks/_memory_audit.py",
+                  "checks/_harness.py", "private.py", "borrowing.py", "guard.py",
+                  "autograde.py", "report.py", "feedback.py", "submission.py", "chapters.py")
+_DIRECTIVE = re.compile(r"^#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)|^#!|^#\s*(noqa|type:)")
+
+
+@dataclass(frozen=True)
+class Text:
+    """One text to translate: its English, where it is, and whether it is a template."""
+
+    english: str
+    where: str
+    template: bool = False
+
+
+# --- collecting ------------------------------------------------------------------------------
+
+
+def module_texts(path: Path, marked_only: bool = False) -> list[Text]:
+    """The prose strings of a Python module (docstrings left out): all of them, or only the
+    arguments of ``tr(...)`` (``marked_only``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
+                                | ast.ClassDef)
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    if marked_only:
+        strings = [call.args[0] for call in ast.walk(tree)
+                   if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                   and call.func.id == "tr" and call.args]
+    else:
+        inner = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                 for v in node.values}
+        strings = [node for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant | ast.JoinedStr) and id(node) not in inner
+                   and id(node) not in docstrings]
+    found = []
+    for node in strings:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text, template = node.value, False
+        elif isinstance(node, ast.JoinedStr):
+            text, template = _template(node), True
+        else:
+            continue
+        if marked_only or _is_prose(text, template):
+            found.append(Text(text.strip(), f"{path.relative_to(REPO)}:{node.lineno}",
+                              template))
+    return [t for t in found if t.english]
+
+
+def _template(node: ast.JoinedStr) -> str:
+    """An f-string's source as a template: literal braces doubled, holes as expressions."""
+    out = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            out.append(value.value.replace("{", "{{").replace("}", "}}"))
+        else:
+            hole = ast.unparse(value.value)
+            if value.conversion != -1:
+                hole += "!" + chr(value.conversion)
+            if value.format_spec is not None:
+                hole += ":" + _template(value.format_spec)
+            out.append("{" + hole + "}")
+    return "".join(out)
+
+
+def _is_prose(text: str, template: bool) -> bool:
+    """Whether a string reads as words to a learner: two English words or more outside the
+    holes, not a name, a path or a format."""
+    literal = "".join(split_template(text)[0::2]) if template else text
+    words = re.findall(r"(?<![\w.])[A-Za-z][a-z]+(?![\w(.])", literal)
+    return len(words) >= 2 and " " in literal.strip()
+
+
+def notebook_texts(path: Path) -> list[Text]:
+    """What a reader reads in a notebook, in order."""
+    notebook = nbformat.read(path, as_version=4)
+    found = [Text(notebook.metadata["course"]["title"], "metadata.course.title")]
+    for index, cell in enumerate(notebook.cells):
+        where = f"{path.name}:cell {index}"
+        pieces = (markdown_pieces(cell.source) if cell.cell_type == "markdown"
+                  else code_pieces(cell.source))
+        found += [Text(piece.english, where, piece.template) for piece in pieces]
+    return found
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A span of a cell's source holding one text, and how a translation is written there."""
+
+    start: int
+    end: int
+    english: str
+    kind: str  # "block", "comment", "docstring", "string"
+    indent: str = ""
+    template: bool = False
+
+    def written(self, translation: str) -> str:
+        if self.kind == "comment":
+            return ("\n" + self.indent).join(
+                "#" + (" " + line if line else "") for line in translation.split("\n"))
+        if self.kind == "docstring":
+            return ("\n" + self.indent).join(translation.split("\n"))
+        return translation
+
+
+def markdown_pieces(source: str) -> list[Piece]:
+    """Blocks between blank lines; a fenced code block is left as it is."""
+    pieces, fenced, start = [], False, None
+    at = 0
+    for line in source.splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            if start is not None and not fenced:
+                pieces.append(_block(source, start, at))
+                start = None
+            fenced = not fenced
+        elif not fenced:
+            if stripped and start is None:
+                start = at
+            elif not stripped and start is not None:
+                pieces.append(_block(source, start, at))
+                start = None
+        at += len(line)
+    if start is not None and not fenced:
+        pieces.append(_block(source, start, at))
+    return [p for p in pieces if re.search(r"[A-Za-z]{2,}", p.english)]
+
+
+def _block(source: str, start: int, end: int) -> Piece:
+    text = source[start:end].rstrip()
+    return Piece(start, start + len(text), text, "block")
+
+
+def code_pieces(source: str) -> list[Piece]:
+    """Comments (a run of whole-line comments is one piece), docstring paragraphs and the
+    string literals a cell prints."""
+    sanitized = "\n".join(" " * len(line) if line.lstrip().startswith(("%", "!")) else line
+                          for line in source.split("\n"))
+    offsets = _line_offsets(source)
+    pieces = _comments(sanitized, offsets)
+    try:
+        tree = ast.parse(sanitized)
+    except SyntaxError:
+        return pieces
+    pieces += _docstrings(tree, source, offsets) + _printed(tree, sanitized, offsets)
+    return sorted(pieces, key=lambda p: p.start)
+
+
+def _line_offsets(source: str) -> list[int]:
+    offsets, at = [0], 0
+    for line in source.split("\n"):
+        at += len(line) + 1
+        offsets.append(at)
+    return offsets
+
+
+def _comments(source: str, offsets: list[int]) -> list[Piece]:
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type == tokenize.COMMENT]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return []
+    lines = source.split("\n")
+    pieces: list[Piece] = []
+    run: list[tokenize.TokenInfo] = []
+
+    def close() -> None:
+        if run:
+            first, last = run[0], run[-1]
+            text = "\n".join(_comment_text(t.string) for t in run)
+            if re.search(r"[A-Za-z]{2,}", text):
+                pieces.append(Piece(offsets[first.start[0] - 1] + first.start[1],
+                                    offsets[last.end[0] - 1] + last.end[1], text, "comment",
+                                    " " * first.start[1]))
+            run.clear()
+
+    for token in tokens:
+        row, col = token.start
+        whole_line = not lines[row - 1][:col].strip()
+        if _DIRECTIVE.search(token.string) or token.string.startswith("#@"):
+            close()
+            if token.string.startswith("#@title "):
+                start = offsets[row - 1] + col + len("#@title ")
+                pieces.append(Piece(start, start + len(token.string) - len("#@title "),
+                                    token.string[len("#@title "):], "block"))
+            continue
+        if "noqa" in token.string:
+            close()
+            continue
+        follows = run and whole_line and row == run[-1].start[0] + 1 \
+            and col == run[-1].start[1]
+        if not follows:
+            close()
+        run.append(token)
+        if not whole_line:
+            close()
+    close()
+    return pieces
+
+
+def _comment_text(comment: str) -> str:
+    text = comment[1:]
+    return text[1:] if text.startswith(" ") else text
+
+
+def _docstrings(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
+    pieces = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
+                          | ast.ClassDef) or not node.body:
+            continue
+        first = node.body[0]
+        if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)):
+            continue
+        literal = first.value
+        start = offsets[literal.lineno - 1] + literal.col_offset
+        end = offsets[literal.end_lineno - 1] + literal.end_col_offset
+        quote = source[start:start + 3] if source[start:start + 3] in ('"""', "'''") else None
+        if quote is None:
+            continue
+        inside, at = source[start + 3:end - 3], start + 3
+        indent = " " * (literal.col_offset)
+        for match in re.finditer(r"(?:[^\n]*\S[^\n]*(?:\n|$))+", inside):
+            lead = len(match.group()) - len(match.group().lstrip())
+            lines = match.group()[lead:].rstrip().split("\n")
+            text = "\n".join([lines[0], *(line.removeprefix(indent) for line in lines[1:])])
+            if re.search(r"[A-Za-z]{2,}", text):
+                pieces.append(Piece(at + match.start() + lead,
+                                    at + match.start() + len(match.group().rstrip()),
+                                    text, "docstring", indent))
+    return pieces
+
+
+def _printed(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
+    """Each string literal an argument of ``print(...)`` is made of (its text between the
+    quotes, holes as written)."""
+    pieces = []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id == "print"):
+            continue
+        for argument in call.args:
+            if not isinstance(argument, ast.Constant | ast.JoinedStr):
+                continue
+            start = offsets[argument.lineno - 1] + argument.col_offset
+            end = offsets[argument.end_lineno - 1] + argument.end_col_offset
+            for token_start, token_end in _string_tokens(source[start:end]):
+                literal = source[start + token_start:start + token_end]
+                prefix = re.match(r"[A-Za-z]*", literal).group()
+                quote = 3 if literal[len(prefix):len(prefix) + 3] in ('"""', "'''") else 1
+                inner_start = start + token_start + len(prefix) + quote
+                inner = source[inner_start:start + token_end - quote]
+                if _is_prose(inner, "f" in prefix.lower()):
+                    pieces.append(Piece(inner_start, inner_start + len(inner), inner, "string",
+                                        template="f" in prefix.lower()))
+    return pieces
+
+
+def _string_tokens(code: str) -> list[tuple[int, int]]:
+    """The (start, end) of each string literal in ``code`` (an expression)."""
+    offsets = _line_offsets(code)
+    spans, opened = [], None
+    for token in tokenize.generate_tokens(io.StringIO(code).readline):
+        name = tokenize.tok_name[token.type]
+        at = offsets[token.start[0] - 1] + token.start[1]
+        if name == "STRING":
+            spans.append((at, offsets[token.end[0] - 1] + token.end[1]))
+        elif name == "FSTRING_START":  # Python 3.12 and later
+            opened = at
+        elif name == "FSTRING_END" and opened is not None:
+            spans.append((opened, offsets[token.end[0] - 1] + token.end[1]))
+            opened = None
+    return spans
+
+
+def domains() -> dict[Path, list[Text]]:
+    """Every catalogue's English texts, by its path in the first translated language (the
+    other languages' catalogues sit at the same place under their own name)."""
+    grader = REPO / "autograder"
+    language = TRANSLATED[0]
+    found: dict[Path, list[Text]] = {}
+    for chapter in chapters().values():
+        found[locale_folder(SOLUTIONS, language) / f"{chapter.name}.po"] = \
+            notebook_texts(chapter.source)
+        number = chapter.number
+        modules = [grader / "checks" / f"ch{number}.py",
+                   *sorted((grader / "hidden").glob(f"ch{number}*.py"))]
+        found[locale_folder(grader, language) / f"ch{number}.po"] = [
+            t for m in modules if m.exists() for t in module_texts(m)]
+    found[locale_folder(grader, language) / "grader.po"] = [
+        t for name in GRADER_MODULES if (grader / name).exists()
+        for t in module_texts(grader / name)]
+    library = REPO / "course"
+    found[locale_folder(library, language) / "course.po"] = [
+        t for module in sorted(library.glob("*.py")) for t in module_texts(module, True)]
+    return found
+
+
+def in_language(path: Path, language: str) -> Path:
+    """A catalogue's path (as ``domains`` gives it) for ``language``."""
+    return Path(str(path).replace(f"/{TRANSLATED[0]}/", f"/{language}/"))
+
+
+# --- catalogues ------------------------------------------------------------------------------
+
+
+def update(path: Path, texts: list[Text], language: str) -> list[str]:
+    """Write the catalogue at ``path`` for ``texts``: a translation whose English is unchanged
+    is kept; one whose English changed is kept as fuzzy beside its new English (the nearest
+    old one, as ``previous msgid``); texts gone are dropped. Return the English of every entry
+    without a current translation."""
+    import polib
+
+    old = polib.pofile(str(path)) if path.exists() else polib.POFile()
+    known = {e.msgid: e for e in old if not e.obsolete}
+    catalogue = polib.POFile(wrapwidth=100)
+    catalogue.metadata = {"Project-Id-Version": "paged-kv-course",
+                          "Language": language, "MIME-Version": "1.0",
+                          "Content-Type": "text/plain; charset=UTF-8",
+                          "Content-Transfer-Encoding": "8bit"}
+    merged: dict[str, polib.POEntry] = {}
+    gone = [e for msgid, e in known.items() if msgid not in {t.english for t in texts}]
+    for text in texts:
+        entry = merged.get(text.english)
+        if entry is None:
+            entry = _entry(text, known.get(text.english), gone)
+            merged[text.english] = entry
+            catalogue.append(entry)
+        entry.occurrences.append((text.where, ""))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    catalogue.save(str(path))
+    return [e.msgid for e in catalogue if not e.msgstr or "fuzzy" in e.flags]
+
+
+def _entry(text: Text, before, gone: list):
+    import polib
+
+    flags = [BRACE] if text.template else []
+    if before is not None:
+        return polib.POEntry(msgid=text.english, msgstr=before.msgstr,
+                             flags=sorted(set(flags) | set(before.flags)),
+                             previous_msgid=before.previous_msgid)
+    nearest = difflib.get_close_matches(text.english, [e.msgid for e in gone], n=1, cutoff=0.6)
+    if nearest:
+        was = next(e for e in gone if e.msgid == nearest[0])
+        return polib.POEntry(msgid=text.english, msgstr=was.msgstr, flags=[*flags, "fuzzy"],
+                             previous_msgid=was.msgid)
+    return polib.POEntry(msgid=text.english, msgstr="", flags=flags)
+
+
+def stale(path: Path, texts: list[Text]) -> list[str]:
+    """What ``path``'s catalogue lacks for ``texts``: one line per text with no translation,
+    a fuzzy one (its English changed), or a translation that lost or added a hole."""
+    import polib
+
+    entries = ({e.msgid: e for e in polib.pofile(str(path)) if not e.obsolete}
+               if path.exists() else {})
+    problems = []
+    for text in {t.english: t for t in texts}.values():
+        entry = entries.get(text.english)
+        where = text.where
+        if entry is None or not entry.msgstr:
+            problems.append(f"{where}: no translation of {text.english!r}")
+        elif "fuzzy" in entry.flags:
+            problems.append(f"{where}: the English changed, the translation did not "
+                            f"(was {entry.previous_msgid!r}, now {text.english!r})")
+        elif text.template and sorted(split_template(entry.msgstr)[1::2]) != \
+                sorted(split_template(text.english)[1::2]):
+            problems.append(f"{where}: the translation of {text.english!r} must keep its "
+                            f"holes {sorted(set(split_template(text.english)[1::2]))}")
+    return problems
+
+
+def translations(path: Path) -> dict[str, str]:
+    """A catalogue's current translations, by English."""
+    import polib
+
+    if not path.exists():
+        return {}
+    return {e.msgid: e.msgstr for e in polib.pofile(str(path)).translated_entries()}
+
+
+# --- translated notebooks --------------------------------------------------------------------
+
+
+def build(source: Path, catalogue: Path, language: str) -> nbformat.NotebookNode:
+    """The notebook ``source`` in ``language``: its texts replaced by their translations (an
+    untranslated one stays English), the same code, cells, ids and grades; its set-up cell
+    chooses the language, and each glossary term's first use carries its English."""
+    words = translations(catalogue)
+    notebook = nbformat.read(source, as_version=4)
+    course = notebook.metadata["course"]
+    course["title"] = words.get(course["title"], course["title"])
+    course["language"] = language
+    for cell in notebook.cells:
+        pieces = (markdown_pieces(cell.source) if cell.cell_type == "markdown"
+                  else code_pieces(cell.source))
+        text = cell.source
+        for piece in reversed(pieces):
+            if piece.english in words:
+                text = text[:piece.start] + piece.written(words[piece.english]) + \
+                    text[piece.end:]
+        cell.source = text
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "setup":
+            cell.source = cell.source.replace("course.setup()",
+                                              f'course.setup(language="{language}")')
+    _mark_first_uses(notebook, glossary())
+    return notebook
+
+
+def glossary() -> dict[str, str]:
+    """The glossary's terms: English -> Chinese."""
+    rows = re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|$", GLOSSARY.read_text(encoding="utf-8"),
+                      re.MULTILINE)
+    return {english: chinese for english, chinese in rows if english not in ("English", "---")}
+
+
+def _mark_first_uses(notebook: nbformat.NotebookNode, terms: dict[str, str]) -> None:
+    """Put each term's English beside its first use in the notebook's markdown."""
+    for english, chinese in terms.items():
+        for cell in notebook.cells:
+            if cell.cell_type != "markdown":
+                continue
+            at = _outside_code(cell.source, chinese)
+            if at is None:
+                continue
+            end = at + len(chinese)
+            if cell.source[end:end + 1] not in ("（", "("):
+                cell.source = cell.source[:end] + f"（{english}）" + cell.source[end:]
+            break
+
+
+def _outside_code(text: str, term: str) -> int | None:
+    """Where ``term`` first appears in ``text`` outside code (backticks, fences, headings)."""
+    for match in re.finditer(re.escape(term), text):
+        before = text[:match.start()]
+        line = before[before.rfind("\n") + 1:]
+        if before.count("`") % 2 == 0 and before.count("```") % 2 == 0 \
+                and not line.startswith("#"):
+            return match.start()
+    return None
