@@ -44,6 +44,8 @@ from autograder.guard import suspicious_code
 from autograder.report import NotebookResult, result_of
 from autograder.restore import rebuild
 from autograder.sandbox import Limits, run
+from course.language import ENGLISH
+from course.language import ENVIRONMENT as LANGUAGE_SETTING
 
 __all__ = ["Grader", "Job", "Limits", "Outcome"]
 
@@ -79,6 +81,7 @@ class Job:
     learner: str
     origin: str  # what the reports call the file
     notebook: dict  # the learner's notebook (nbformat 4)
+    language: str = ENGLISH  # the notebook's (``source`` is the chapter in that language)
 
 
 @dataclass
@@ -193,7 +196,8 @@ class Grader:
                     log = nbgrader(work, ["autograde", job.chapter, "--student", job.learner,
                                           "--force"], self.limits.notebook_timeout,
                                    self.limits, writable=(work, books),
-                                   environment={TIMINGS: str(stamps)})
+                                   environment={TIMINGS: str(stamps),
+                                                LANGUAGE_SETTING: job.language})
                 except subprocess.TimeoutExpired:
                     return self._zero(job, tests,
                                       f"not graded: the notebook ran past its "
@@ -215,7 +219,7 @@ class Grader:
             ended = time.time()
             notebook = nbformat.read(executed, as_version=4)
             return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
-                                     scores, notebook), notebook,
+                                     scores, notebook, language=job.language), notebook,
                            breakdown(copy, started, ended, stamps, notebook))
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -223,7 +227,7 @@ class Grader:
 
     def _zero(self, job: Job, tests: list[tuple[str, float]], reason: str) -> Outcome:
         return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
-                                 {}, None, reason))
+                                 {}, None, reason, job.language))
 
     def _crashing_cell(self, notebook: Path, writable: tuple[Path, ...]) -> int | None:
         """The index of the learner's cell that kills the kernel, found by running the

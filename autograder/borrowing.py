@@ -54,9 +54,11 @@ class BorrowedAnswer(BaseException):
 
 
 def _message(name: str) -> str:
-    return (f"This test does not count: the code it checks uses the course's own {name}. "
-            "Write this TODO yourself; earlier chapters' functions you may use as the notebook "
-            "says.")
+    from autograder.hints import in_language
+
+    return in_language(f"This test does not count: the code it checks uses the course's own "
+                       f"{name}. Write this TODO yourself; earlier chapters' functions you may "
+                       "use as the notebook says.")
 
 
 class _Tripwire:

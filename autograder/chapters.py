@@ -9,6 +9,8 @@ from pathlib import Path
 
 import nbformat
 
+from course.language import ENGLISH, LANGUAGES
+
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
@@ -36,6 +38,24 @@ class Chapter:
     def grade_ids(self) -> frozenset[str]:
         return _grade_ids(self.source)
 
+    def source_in(self, language: str | None) -> Path:
+        """The instructor's notebook in ``language`` (None or English: ``source``). A
+        translation sits in a folder named after its language beside the English one in
+        ``solutions/``; a class's chapter (``source/NN_slug/``, where nbgrader would release
+        such a folder) has the package's translation while its source is the package's."""
+        if language in (None, ENGLISH):
+            return self.source
+        beside = self.source.parent / language / self.source.name
+        packaged = SOLUTIONS / language / self.source.name
+        if beside.exists() or not packaged.exists():
+            return beside
+        return packaged if _same_text(self.source, SOLUTIONS / self.source.name) else beside
+
+    def languages(self) -> list[str]:
+        """The languages this chapter's notebook exists in (English first)."""
+        return [ENGLISH, *(language for language in LANGUAGES[1:]
+                           if self.source_in(language).exists())]
+
 
 def _is_chapter_name(name: str) -> bool:
     number, _, slug = name.partition("_")
@@ -54,6 +74,10 @@ def class_chapters(course: Path) -> dict[str, Chapter]:
     return {path.parent.name: Chapter(path.parent.name, path)
             for path in sorted((course / "source").glob("*/*.ipynb"))
             if _is_chapter_name(path.parent.name) and path.stem == path.parent.name}
+
+
+def _same_text(one: Path, other: Path) -> bool:
+    return other.exists() and one.read_bytes() == other.read_bytes()
 
 
 @cache

@@ -58,9 +58,10 @@ def grade(submissions: list[Submission], grader: Grader, runner: Runner,
     """Grade every submission that has a target and no result yet; call ``on_result`` (in
     this thread) as each one ends."""
     todo = [s for s in submissions if s.result is None and s.target is not None]
-    for chapter in {s.target.name: s.target for s in todo}.values():
-        grader.template(chapter.name, chapter.source.read_text(encoding="utf-8"))
-    for index, outcome in runner(grader, [s.job() for s in todo]):
+    jobs = [s.job() for s in todo]
+    for job in {(j.chapter, j.language): j for j in jobs}.values():  # built once, not per job
+        grader.template(job.chapter, job.source)
+    for index, outcome in runner(grader, jobs):
         submission = todo[index]
         if isinstance(outcome, Exception):
             submission.refuse(str(outcome))

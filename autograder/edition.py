@@ -48,10 +48,11 @@ from autograder.render import (
 )
 from autograder.repository import set_setup_cell, url
 from autograder.table import PARTS
+from autograder.translation import TRANSLATED
 
 # What of the grader a test cell needs; everything else of autograder/ stays out.
 SHIPPED = ["autograder/__init__.py", "autograder/guard.py", "autograder/private.py",
-           "autograder/borrowing.py", "autograder/table.py"]
+           "autograder/borrowing.py", "autograder/table.py", "autograder/hints.py"]
 
 
 @dataclass
@@ -146,16 +147,19 @@ def _copy_checks(destination: Path) -> None:
     (destination / "autograder" / "checks").mkdir(parents=True)
     for path in sorted(checks.glob("*.py")):
         shutil.copyfile(path, destination / "autograder" / "checks" / path.name)
+    shutil.copytree(REPO / "autograder" / "locale", destination / "autograder" / "locale")
     recordings(destination / "autograder" / "checks" / "recorded")
 
 
 def _exercises(destination: Path, included: list[Chapter], repository: str) -> None:
-    folder = destination / "exercises"
-    folder.mkdir(parents=True, exist_ok=True)
-    for chapter in included:
-        notebook = nbformat.read(EXERCISES / f"{chapter.name}.ipynb", as_version=4)
-        set_setup_cell(notebook, repository)
-        nbformat.write(notebook, folder / f"{chapter.name}.ipynb")
+    for language in ("", *TRANSLATED):  # English at the top, each translation in its folder
+        folder = destination / "exercises" / language
+        folder.mkdir(parents=True, exist_ok=True)
+        for chapter in included:
+            notebook = nbformat.read(EXERCISES / language / f"{chapter.name}.ipynb",
+                                     as_version=4)
+            set_setup_cell(notebook, repository, language or None)
+            nbformat.write(notebook, folder / f"{chapter.name}.ipynb")
 
 
 _PYPROJECT = """\
@@ -179,7 +183,8 @@ include = ["course*", "kernels*", "autograder*"]
 
 [tool.setuptools.package-data]
 kernels = ["results/*.json"]
-autograder = ["checks/recorded/*.pkl"]
+course = ["locale/*/LC_MESSAGES/*.po"]
+autograder = ["checks/recorded/*.pkl", "locale/*/LC_MESSAGES/*.po"]
 """
 
 _README = """\

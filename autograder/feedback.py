@@ -13,6 +13,7 @@ from nbconvert import HTMLExporter
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
+from autograder.hints import in_language
 from autograder.report import VERDICTS, NotebookResult
 
 _HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
@@ -21,6 +22,9 @@ _HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
 def feedback_notebook(executed: dict, result: NotebookResult) -> nbformat.NotebookNode:
     """The executed notebook with a score table on top, hidden-test regions removed from the
     test cells, and every error output replaced by its test's hint."""
+    def say(text: str) -> str:
+        return in_language(text, result.language)
+
     notebook = nbformat.from_dict(copy.deepcopy(executed))
     by_id = {t.id: t for t in result.tests}
     for cell in notebook.cells:
@@ -32,14 +36,16 @@ def feedback_notebook(executed: dict, result: NotebookResult) -> nbformat.Notebo
         kept = [o for o in cell.get("outputs", []) if o.get("output_type") != "error"]
         if test is not None and not test.passed:
             kept.append(nbformat.v4.new_output("stream", name="stdout",
-                                               text=f"FAILED: {test.message}\n"))
+                                               text=say("FAILED:") + f" {test.message}\n"))
         cell.outputs = kept
     rows = "".join(
         f"<tr><td>{html.escape(t.id)}</td><td>{t.points:g} / {t.max_points:g}</td>"
-        f"<td>{'pass' if t.passed else html.escape(t.message)}</td></tr>" for t in result.tests)
+        f"<td>{say('pass') if t.passed else html.escape(t.message)}</td></tr>"
+        for t in result.tests)
     summary = (f"<h2>{html.escape(result.chapter)}: {result.score:g} / {result.max_score:g}"
-               f"</h2><p>graded on {html.escape(result.runtime)}</p><table><tr><th>test</th>"
-               f"<th>points</th><th>result</th></tr>{rows}</table>")
+               f"</h2><p>{html.escape(say(f'graded on {result.runtime}'))}</p><table><tr>"
+               f"<th>{say('test')}</th><th>{say('points')}</th><th>{say('result')}</th></tr>"
+               f"{rows}</table>")
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(summary))
     return notebook
 

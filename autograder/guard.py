@@ -104,8 +104,11 @@ def verify() -> None:
     now = {name: id(value) for name, value in _watched(_MODULES).items()}
     changed = sorted(name for name, ident in _RECORD.items() if now.get(name) != ident)
     if changed:
-        raise AssertionError("This test does not count: code in this notebook replaced what "
-                             f"the checks use ({', '.join(changed[:5])}). Remove it.")
+        from autograder.hints import in_language
+
+        raise AssertionError(in_language(
+            "This test does not count: code in this notebook replaced what the checks use "
+            f"({', '.join(changed[:5])}). Remove it."))
 
 
 _SUSPICIOUS = re.compile(

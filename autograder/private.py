@@ -35,6 +35,7 @@ from typing import Any
 
 from autograder.borrowing import check_subject
 from autograder.checks._helpers import CheckFailed
+from autograder.hints import in_language
 
 RECORDED = Path(__file__).resolve().parent / "checks" / "recorded"
 
@@ -70,7 +71,8 @@ def _verdict(check: Callable, args: tuple, kwargs: dict, kind: str) -> Any:
         raise
     except AssertionError as failure:
         todo = check.__name__.removeprefix("check_").removesuffix("_thoroughly")
-        raise CheckFailed(str(failure), f"The {kind} of {todo}") from failure
+        raise CheckFailed(in_language(str(failure)), in_language(f"The {kind} of {todo}")) \
+            from failure
 
 
 def thorough(check: Callable) -> Callable:

@@ -4,7 +4,9 @@ notebooks in ``exercises/`` from ``solutions/`` through nbgrader.
 ``autograder.render`` writes each answer and skeleton cell of ``solutions/`` from the library,
 where answers are written. `nbgrader generate_assignment` replaces each solution with a stub,
 strips the hidden tests and records checksums; the result is copied to
-``exercises/NN_slug.ipynb`` with outputs cleared.
+``exercises/NN_slug.ipynb`` with outputs cleared. Each translation
+(``autograder.translation``) is written from the rendered English notebook and its catalogue
+into ``solutions/<language>/``, and released the same way into ``exercises/<language>/``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import nbformat
 from autograder.autograde import Grader
 from autograder.chapters import EXERCISES, Chapter, chapters
 from autograder.render import render
+from autograder.translation import TRANSLATED, build, notebook_catalogue
 
 
 def clear_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -28,10 +31,11 @@ def clear_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return notebook
 
 
-def render_exercise(grader: Grader, chapter: Chapter) -> str:
-    """The learner notebook for ``chapter``, as the text ``exercises/`` should hold."""
-    notebook = clear_outputs(grader.released(chapter.name,
-                                             chapter.source.read_text(encoding="utf-8")))
+def render_exercise(grader: Grader, chapter: Chapter, language: str | None = None) -> str:
+    """The learner notebook for ``chapter`` (in ``language``, else English), as the text
+    ``exercises/`` should hold."""
+    source = chapter.source_in(language).read_text(encoding="utf-8")
+    notebook = clear_outputs(grader.released(chapter.name, source))
     return nbformat.writes(notebook) + "\n"
 
 
@@ -47,14 +51,32 @@ def render_solutions() -> list[Path]:
     return changed
 
 
+def translate_solutions() -> list[Path]:
+    """Write every instructor notebook in each translated language
+    (``solutions/<language>/NN_slug.ipynb``, from its catalogue); return the paths written."""
+    written = []
+    for language in TRANSLATED:
+        for chapter in chapters().values():
+            notebook = clear_outputs(build(chapter.source, notebook_catalogue(chapter, language),
+                                           language))
+            path = chapter.source_in(language)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(nbformat.writes(notebook) + "\n", encoding="utf-8")
+            written.append(path)
+    return written
+
+
 def release_all(destination: Path = EXERCISES) -> list[Path]:
-    """Render the instructor notebooks, then write every chapter's learner notebook into
-    ``destination``; return the paths written."""
-    destination.mkdir(parents=True, exist_ok=True)
-    written = render_solutions()
+    """Render the instructor notebooks and translate them, then write every chapter's learner
+    notebook, in every language, into ``destination`` (a translation in its language's
+    folder); return the paths written."""
+    written = render_solutions() + translate_solutions()
     grader = Grader()
-    for chapter in chapters().values():
-        path = destination / f"{chapter.name}.ipynb"
-        path.write_text(render_exercise(grader, chapter), encoding="utf-8")
-        written.append(path)
+    for language in (None, *TRANSLATED):
+        folder = destination / (language or "")
+        folder.mkdir(parents=True, exist_ok=True)
+        for chapter in chapters().values():
+            path = folder / f"{chapter.name}.ipynb"
+            path.write_text(render_exercise(grader, chapter, language), encoding="utf-8")
+            written.append(path)
     return written

@@ -6,6 +6,9 @@ import re
 import textwrap
 from dataclasses import asdict, dataclass
 
+from autograder.hints import in_language
+from course.language import ENGLISH
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # exceptions whose message is the whole hint (the checks' verdicts, a borrowed answer)
 VERDICTS = ("AssertionError", "CheckFailed", "BorrowedAnswer")
@@ -29,6 +32,7 @@ class NotebookResult:
     learner: str = ""
     timestamp: str = ""  # when it was handed in (UTC, ISO 8601), where known
     error: str = ""  # why it was not graded at all; then ``tests`` is empty
+    language: str = ENGLISH  # the notebook's: its hints and this report are in it
 
     @property
     def graded(self) -> bool:
@@ -46,21 +50,23 @@ class NotebookResult:
         return {"learner": self.learner, "notebook": self.notebook, "chapter": self.chapter,
                 "timestamp": self.timestamp, "status": "graded" if self.graded else "not graded",
                 "error": self.error, "runtime": self.runtime, "score": self.score,
-                "max_score": self.max_score, "tests": [asdict(t) for t in self.tests]}
+                "max_score": self.max_score, "language": self.language,
+                "tests": [asdict(t) for t in self.tests]}
 
     @classmethod
     def from_json(cls, data: dict) -> NotebookResult:
         return cls(data["notebook"], data["chapter"], data["runtime"],
                    [TestResult(**t) for t in data["tests"]], data.get("learner", ""),
-                   data.get("timestamp", ""), data.get("error", ""))
+                   data.get("timestamp", ""), data.get("error", ""),
+                   data.get("language", ENGLISH))
 
 
 def result_of(chapter: str, tests: list[tuple[str, float]], learner: str, origin: str,
               runtime: str, scores: dict[str, float], executed: dict | None,
-              reason: str = "") -> NotebookResult:
+              reason: str = "", language: str = ENGLISH) -> NotebookResult:
     """Per test cell (``tests``: grade id and points, in order): its points from ``scores``,
     and the hint its failure left in the ``executed`` notebook (``reason`` for every test of a
-    notebook not run at all)."""
+    notebook not run at all), in the notebook's ``language``."""
     outputs = {cell["metadata"]["nbgrader"]["grade_id"]: cell.get("outputs", [])
                for cell in (executed or {}).get("cells", [])
                if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
@@ -69,8 +75,9 @@ def result_of(chapter: str, tests: list[tuple[str, float]], learner: str, origin
         points = 0.0 if reason else float(scores.get(grade_id, 0.0))
         passed = points == max_points
         message = reason or ("" if passed else failure_message(outputs.get(grade_id)))
-        found.append(TestResult(grade_id, points, max_points, passed, message))
-    return NotebookResult(origin, chapter, runtime, found, learner=learner)
+        found.append(TestResult(grade_id, points, max_points, passed,
+                                in_language(message, language)))
+    return NotebookResult(origin, chapter, runtime, found, learner=learner, language=language)
 
 
 def failure_message(outputs: list | None) -> str:
@@ -93,18 +100,24 @@ def failure_message(outputs: list | None) -> str:
 
 def format_report(result: NotebookResult) -> str:
     """A per-test table with the hint under each failing test."""
+    def say(text: str) -> str:
+        return in_language(text, result.language)
+
     who = f" ({result.learner})" if result.learner else ""
     if not result.graded:
-        return f"{result.notebook}{who}: chapter {result.chapter or '?'}, not graded: " \
-            f"{result.error}"
+        return f"{result.notebook}{who}: " + say(
+            f"chapter {result.chapter or '?'}, not graded: {result.error}")
     width = max([len(t.id) for t in result.tests] + [4])
-    lines = [f"{result.notebook}{who}: chapter {result.chapter}, graded on {result.runtime}",
-             f"  {'test':<{width}}  {'points':>9}  result"]
+    lines = [f"{result.notebook}{who}: "
+             + say(f"chapter {result.chapter}, graded on {result.runtime}"),
+             f"  {say('test'):<{width}}  {say('points'):>9}  {say('result')}"]
     for test in result.tests:
         points = f"{test.points:g} / {test.max_points:g}"
-        lines.append(f"  {test.id:<{width}}  {points:>9}  {'pass' if test.passed else 'FAIL'}")
+        verdict = say("pass") if test.passed else say("FAIL")
+        lines.append(f"  {test.id:<{width}}  {points:>9}  {verdict}")
         if test.message:
-            lines += textwrap.wrap(test.message, width=96, initial_indent="      hint: ",
+            lines += textwrap.wrap(test.message, width=96,
+                                   initial_indent="      " + say("hint:") + " ",
                                    subsequent_indent="            ")
-    lines.append(f"  score: {result.score:g} / {result.max_score:g}")
+    lines.append("  " + say(f"score: {result.score:g} / {result.max_score:g}"))
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import tomllib
 from autograder.chapters import REPO, Chapter
 
 PYPROJECT = REPO / "pyproject.toml"
-README = REPO / "README.md"
+READMES = (REPO / "README.md", REPO / "README.zh-CN.md")  # each language's front door
 BRANCH = "main"
 
 # The cell's first line is all a learner sees of it: Colab shows a form's title in place of
@@ -65,10 +65,16 @@ def setup_cell(repository: str) -> str:
     return _SETUP_CELL.format(url=repository)
 
 
-def set_setup_cell(notebook: nbformat.NotebookNode, repository: str) -> None:
-    """Make ``notebook``'s first code cell the setup cell, its plumbing folded away."""
+def set_setup_cell(notebook: nbformat.NotebookNode, repository: str,
+                   language: str | None = None) -> None:
+    """Make ``notebook``'s first code cell the setup cell, its plumbing folded away; in a
+    translated notebook (``language``) only the repository it installs from changes."""
     first = next(c for c in notebook.cells if c.cell_type == "code")
-    first.source = setup_cell(repository)
+    if language is None:
+        first.source = setup_cell(repository)
+    else:
+        first.source = re.sub(r'(?m)^REPOSITORY = ".*"$', f'REPOSITORY = "{repository}"',
+                              first.source)
     first.metadata.update(SETUP_METADATA)
 
 
@@ -91,7 +97,7 @@ def readme_with_links(readme: str, repository: str) -> str:
 
 
 def set_url(repository: str, chapters: list[Chapter]) -> None:
-    """Record ``repository`` in pyproject.toml, every solution's setup cell and the README."""
+    """Record ``repository`` in pyproject.toml, every solution's setup cell and the READMEs."""
     colab_link(repository, "check")  # refuse a URL Colab cannot open, before changing anything
     text = PYPROJECT.read_text()
     text, found = re.subn(r'(?m)^Repository = ".*"$', f'Repository = "{repository}"', text)
@@ -102,7 +108,9 @@ def set_url(repository: str, chapters: list[Chapter]) -> None:
         notebook = nbformat.read(chapter.source, as_version=4)
         set_setup_cell(notebook, repository)
         nbformat.write(notebook, chapter.source)
-    README.write_text(readme_with_links(README.read_text(), repository))
+    for readme in READMES:
+        readme.write_text(readme_with_links(readme.read_text(encoding="utf-8"), repository),
+                          encoding="utf-8")
 
 
 def setup_cell_of(path: Path) -> str:

@@ -21,7 +21,9 @@ import nbformat
 
 from autograder.autograde import Job
 from autograder.chapters import Chapter, NotGradable, load_submission, recognise
+from autograder.hints import in_language
 from autograder.report import NotebookResult
+from course.language import ENGLISH, LANGUAGES
 
 
 @dataclass
@@ -44,12 +46,23 @@ class Submission:
         return self.timestamp.isoformat(sep=" ") if self.timestamp else ""
 
     def refuse(self, message: str) -> None:
+        language = self.language
         self.result = NotebookResult(self.origin, self.chapter, "", [], self.learner,
-                                     self.when, message)
+                                     self.when, in_language(message, language), language)
+
+    @property
+    def language(self) -> str:
+        """The language its notebook is in (its metadata says; English when it names none
+        this chapter exists in)."""
+        named = (self.notebook or {}).get("metadata", {}).get("course", {}).get("language")
+        known = self.target.languages() if self.target else LANGUAGES
+        return named if named in known else ENGLISH
 
     def job(self) -> Job:
-        return Job(self.target.name, self.target.source.read_text(encoding="utf-8"),
-                   self.learner, self.origin, self.notebook)
+        """What grading it needs: the chapter's source in the notebook's language."""
+        source = self.target.source_in(self.language).read_text(encoding="utf-8")
+        return Job(self.target.name, source, self.learner, self.origin, self.notebook,
+                   self.language)
 
 
 def read(submissions: list[Submission], known: dict[str, Chapter]) -> None:

@@ -39,6 +39,10 @@ from course.language import locale_folder, split_template
 
 TRANSLATED = ("zh_CN",)  # the languages the course is translated into
 BRACE = "python-brace-format"
+MARKS = ("tr", "in_language")  # what marks a string for translation
+# The keyword arguments whose strings a reader sees: chart titles and legends, widget labels.
+LABELS = ("title", "xaxis_title", "yaxis_title", "title_text", "x_title", "y_title", "name",
+          "subplot_titles", "description")
 GLOSSARY = REPO / "docs" / "glossary.zh_CN.md"
 
 # The grader's own modules whose messages a learner reads (the chapters' checks have their own
@@ -62,23 +66,23 @@ class Text:
 
 
 def module_texts(path: Path, marked_only: bool = False) -> list[Text]:
-    """The prose strings of a Python module (docstrings left out): all of them, or only the
-    arguments of ``tr(...)`` (``marked_only``)."""
+    """The strings of a Python module a learner reads: those marked for translation (the
+    first argument of ``tr`` or ``in_language``), and unless ``marked_only`` every other one
+    that reads as prose (docstrings left out)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
                                 | ast.ClassDef)
                   and node.body and isinstance(node.body[0], ast.Expr)}
-    if marked_only:
-        strings = [call.args[0] for call in ast.walk(tree)
-                   if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                   and call.func.id == "tr" and call.args]
-    else:
-        inner = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
-                 for v in node.values}
-        strings = [node for node in ast.walk(tree)
-                   if isinstance(node, ast.Constant | ast.JoinedStr) and id(node) not in inner
-                   and id(node) not in docstrings]
+    marked = {id(call.args[0]) for call in ast.walk(tree)
+              if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+              and call.func.id in MARKS and call.args}
+    marked |= {id(value) for value in _labels(tree)}
+    inner = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+             for v in node.values}
+    strings = [node for node in ast.walk(tree)
+               if isinstance(node, ast.Constant | ast.JoinedStr) and id(node) not in inner
+               and id(node) not in docstrings and (id(node) in marked or not marked_only)]
     found = []
     for node in strings:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -87,10 +91,23 @@ def module_texts(path: Path, marked_only: bool = False) -> list[Text]:
             text, template = _template(node), True
         else:
             continue
-        if marked_only or _is_prose(text, template):
+        if id(node) in marked or _is_prose(text, template):
             found.append(Text(text.strip(), f"{path.relative_to(REPO)}:{node.lineno}",
                               template))
     return [t for t in found if t.english]
+
+
+def _labels(tree: ast.AST) -> list[ast.expr]:
+    """The strings given as a chart's or widget's text (``title=``, ``name=`` ...)."""
+    found = []
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call):
+            for keyword in call.keywords:
+                if keyword.arg in LABELS:
+                    values = keyword.value.elts if isinstance(
+                        keyword.value, ast.Tuple | ast.List) else [keyword.value]
+                    found += [v for v in values if isinstance(v, ast.Constant | ast.JoinedStr)]
+    return found
 
 
 def _template(node: ast.JoinedStr) -> str:
@@ -110,11 +127,11 @@ def _template(node: ast.JoinedStr) -> str:
 
 
 def _is_prose(text: str, template: bool) -> bool:
-    """Whether a string reads as words to a learner: two English words or more outside the
-    holes, not a name, a path or a format."""
+    """Whether a string reads as words to a learner, not as a name, a path or a format: two
+    English words or more, or for a template (which glues pieces of a hint together) one."""
     literal = "".join(split_template(text)[0::2]) if template else text
     words = re.findall(r"(?<![\w.])[A-Za-z][a-z]+(?![\w(.])", literal)
-    return len(words) >= 2 and " " in literal.strip()
+    return len(words) >= (1 if template else 2) and " " in literal.strip()
 
 
 def notebook_texts(path: Path) -> list[Text]:
@@ -260,13 +277,12 @@ def _docstrings(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
                 and isinstance(first.value.value, str)):
             continue
         literal = first.value
-        start = offsets[literal.lineno - 1] + literal.col_offset
-        end = offsets[literal.end_lineno - 1] + literal.end_col_offset
+        start, end = _span(literal, source, offsets)
         quote = source[start:start + 3] if source[start:start + 3] in ('"""', "'''") else None
         if quote is None:
             continue
         inside, at = source[start + 3:end - 3], start + 3
-        indent = " " * (literal.col_offset)
+        indent = " " * (start - offsets[literal.lineno - 1])
         for match in re.finditer(r"(?:[^\n]*\S[^\n]*(?:\n|$))+", inside):
             lead = len(match.group()) - len(match.group().lstrip())
             lines = match.group()[lead:].rstrip().split("\n")
@@ -278,28 +294,36 @@ def _docstrings(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
     return pieces
 
 
+def _span(node: ast.expr, source: str, offsets: list[int]) -> tuple[int, int]:
+    """Where ``node`` is in ``source``, in characters (``ast`` counts a line's UTF-8 bytes)."""
+    lines = source.split("\n")
+
+    def at(line: int, byte: int) -> int:
+        return offsets[line - 1] + len(lines[line - 1].encode()[:byte].decode())
+
+    return at(node.lineno, node.col_offset), at(node.end_lineno, node.end_col_offset)
+
+
 def _printed(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
-    """Each string literal an argument of ``print(...)`` is made of (its text between the
-    quotes, holes as written)."""
+    """Each string literal an argument of ``print(...)``, or a chart's or widget's text
+    (``title=`` ...), is made of: its text between the quotes, holes as written."""
+    printed = [argument for call in ast.walk(tree)
+               if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+               and call.func.id == "print" for argument in call.args]
     pieces = []
-    for call in ast.walk(tree):
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                and call.func.id == "print"):
+    for argument in printed + _labels(tree):
+        if not isinstance(argument, ast.Constant | ast.JoinedStr):
             continue
-        for argument in call.args:
-            if not isinstance(argument, ast.Constant | ast.JoinedStr):
-                continue
-            start = offsets[argument.lineno - 1] + argument.col_offset
-            end = offsets[argument.end_lineno - 1] + argument.end_col_offset
-            for token_start, token_end in _string_tokens(source[start:end]):
-                literal = source[start + token_start:start + token_end]
-                prefix = re.match(r"[A-Za-z]*", literal).group()
-                quote = 3 if literal[len(prefix):len(prefix) + 3] in ('"""', "'''") else 1
-                inner_start = start + token_start + len(prefix) + quote
-                inner = source[inner_start:start + token_end - quote]
-                if _is_prose(inner, "f" in prefix.lower()):
-                    pieces.append(Piece(inner_start, inner_start + len(inner), inner, "string",
-                                        template="f" in prefix.lower()))
+        start, end = _span(argument, source, offsets)
+        for token_start, token_end in _string_tokens(source[start:end]):
+            literal = source[start + token_start:start + token_end]
+            prefix = re.match(r"[A-Za-z]*", literal).group()
+            quote = 3 if literal[len(prefix):len(prefix) + 3] in ('"""', "'''") else 1
+            inner_start = start + token_start + len(prefix) + quote
+            inner = source[inner_start:start + token_end - quote]
+            if _is_prose(inner, "f" in prefix.lower()):
+                pieces.append(Piece(inner_start, inner_start + len(inner), inner, "string",
+                                    template="f" in prefix.lower()))
     return pieces
 
 
@@ -341,6 +365,11 @@ def domains() -> dict[Path, list[Text]]:
     found[locale_folder(library, language) / "course.po"] = [
         t for module in sorted(library.glob("*.py")) for t in module_texts(module, True)]
     return found
+
+
+def notebook_catalogue(chapter, language: str) -> Path:
+    """The catalogue of ``chapter``'s notebook in ``language``."""
+    return locale_folder(SOLUTIONS, language) / f"{chapter.name}.po"
 
 
 def in_language(path: Path, language: str) -> Path:
@@ -463,26 +492,37 @@ def glossary() -> dict[str, str]:
 
 
 def _mark_first_uses(notebook: nbformat.NotebookNode, terms: dict[str, str]) -> None:
-    """Put each term's English beside its first use in the notebook's markdown."""
+    """Put each term's English beside its first use in the notebook's markdown: the first in
+    running text not already followed by a bracket, else the first at all (a heading's, or
+    one whose bracket then opens with the English). It goes after the emphasis the term may
+    close: ``**调度器**（scheduler）`` (CommonMark does not close ``**`` between ``）`` and a
+    letter)."""
+    cells = [c for c in notebook.cells if c.cell_type == "markdown"]
     for english, chinese in terms.items():
-        for cell in notebook.cells:
-            if cell.cell_type != "markdown":
-                continue
-            at = _outside_code(cell.source, chinese)
-            if at is None:
-                continue
-            end = at + len(chinese)
-            if cell.source[end:end + 1] not in ("（", "("):
-                cell.source = cell.source[:end] + f"（{english}）" + cell.source[end:]
-            break
+        uses = [(rank, index, at) for index, cell in enumerate(cells)
+                for rank, at in _uses(cell.source, chinese)]
+        if not uses:
+            continue
+        _, index, at = min(uses)
+        text = cells[index].source
+        end = at + len(chinese)
+        end += len(re.match(r"\**", text[end:]).group())
+        if text[end:end + 1] in ("（", "("):
+            cells[index].source = text[:end + 1] + f"{english}；" + text[end + 1:]
+        else:
+            cells[index].source = text[:end] + f"（{english}）" + text[end:]
 
 
-def _outside_code(text: str, term: str) -> int | None:
-    """Where ``term`` first appears in ``text`` outside code (backticks, fences, headings)."""
+def _uses(text: str, term: str) -> list[tuple[int, int]]:
+    """(rank, where) of each use of ``term`` in ``text`` outside code (backticks, fences):
+    rank 0 in running text with no bracket after it, 1 otherwise."""
+    found = []
     for match in re.finditer(re.escape(term), text):
         before = text[:match.start()]
+        if before.count("`") % 2 or before.count("```") % 2:
+            continue
         line = before[before.rfind("\n") + 1:]
-        if before.count("`") % 2 == 0 and before.count("```") % 2 == 0 \
-                and not line.startswith("#"):
-            return match.start()
-    return None
+        after = text[match.end():].lstrip("*")
+        plain = not line.startswith("#") and not after.startswith(("（", "("))
+        found.append((0 if plain else 1, match.start()))
+    return found

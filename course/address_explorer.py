@@ -13,6 +13,8 @@ from html import escape
 
 import ipywidgets as widgets
 
+from course.language import tr
+
 _STYLE = """<style>
 .kv-address-explorer {font-family: monospace; font-size: 13px; line-height: 1.5}
 .kv-address-explorer table {border-collapse: collapse; margin: 4px 0}
@@ -67,7 +69,7 @@ def address_explorer(block_table: list[int], block_size: int, num_pool_blocks: i
         raise ValueError(f"the table names block {max(block_table)}, but the pool has only "
                          f"{num_pool_blocks} blocks")
     slider = widgets.IntSlider(value=0, min=0, max=len(block_table) * block_size - 1,
-                               description="position", continuous_update=True)
+                               description=tr("position"), continuous_update=True)
     view = widgets.HTML()
 
     def show(change: dict | None = None) -> None:

@@ -13,6 +13,7 @@ from html import escape
 import ipywidgets as widgets
 
 from course.block_scenarios import Frame, Operation, record
+from course.language import tr
 from course.notebook import NotReady
 from course.player import frame_player
 
@@ -94,12 +95,13 @@ def animate(manager_class: type, course_class: type, num_blocks: int, block_size
     with one line saying what to finish (``NotReady``)."""
     try:
         frames = record(manager_class(num_blocks, block_size), num_blocks, script)
-        print("Animating your BlockManager.")
+        print(tr("Animating your BlockManager."))
     except NotImplementedError:
         try:
             frames = record(course_class(num_blocks, block_size), num_blocks, script)
         except NotImplementedError:
-            raise NotReady("Finish your BlockManager (its TODOs above) to see this.") from None
-        print("Note: your BlockManager is not finished yet (a method raises "
-              "NotImplementedError), so this animates the course's own version.")
+            raise NotReady(tr("Finish your BlockManager (its TODOs above) to see this.")) \
+                from None
+        print(tr("Note: your BlockManager is not finished yet (a method raises "
+                 "NotImplementedError), so this animates the course's own version."))
     return allocation_animation(frames)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import plotly.graph_objects as go
 
+from course.language import tr
 from course.models import GPU, ModelConfig
 
 GB = 10**9
@@ -43,7 +44,7 @@ def kv_memory_chart(
         xaxis_title="context length (tokens)", yaxis_title="KV cache (GB)",
         xaxis_type="log", yaxis_type="log", template="plotly_white", height=480,
     )
-    return figure
+    return localized(figure)
 
 
 _CATEGORY_STYLE = {  # category: (label, colour)
@@ -77,7 +78,7 @@ def memory_breakdown_chart(shares: dict[str, dict[str, float]],
     figure.update_layout(barmode="stack", title=title, yaxis_title="share of the KV pool (%)",
                          yaxis_range=[0, 100], template="plotly_white", height=480,
                          margin=dict(r=40))
-    return figure
+    return localized(figure)
 
 
 def resident_requests_chart(series: dict[str, list[int]], title: str) -> go.Figure:
@@ -87,7 +88,7 @@ def resident_requests_chart(series: dict[str, list[int]], title: str) -> go.Figu
         figure.add_trace(go.Scatter(y=counts, mode="lines", name=name))
     figure.update_layout(title=title, xaxis_title="step (one token per request)",
                          yaxis_title="requests resident", template="plotly_white", height=420)
-    return figure
+    return localized(figure)
 
 
 def block_size_sweep_chart(sweeps: dict[str, list]) -> go.Figure:
@@ -109,7 +110,7 @@ def block_size_sweep_chart(sweeps: dict[str, list]) -> go.Figure:
     figure.update_yaxes(title_text="%", row=1, col=1)
     figure.update_yaxes(type="log", title_text="entries", row=1, col=2)
     figure.update_layout(template="plotly_white", height=420)
-    return figure
+    return localized(figure)
 
 
 def lines_chart(x: list, series: dict[str, list[float]], title: str, x_title: str,
@@ -122,7 +123,7 @@ def lines_chart(x: list, series: dict[str, list[float]], title: str, x_title: st
                          template="plotly_white", height=420)
     if log_x:
         figure.update_xaxes(type="log")
-    return figure
+    return localized(figure)
 
 
 def serving_timeline_chart(timeline, title: str) -> go.Figure:
@@ -138,7 +139,7 @@ def serving_timeline_chart(timeline, title: str) -> go.Figure:
                                     showlegend=False), row, 1)
     figure.update_xaxes(title_text="simulated time (s)", row=4, col=1)
     figure.update_layout(title=title, template="plotly_white", height=720)
-    return figure
+    return localized(figure)
 
 
 def decode_intensity_chart(batches: list[int], weights_intensity: list[float],
@@ -161,7 +162,7 @@ def decode_intensity_chart(batches: list[int], weights_intensity: list[float],
                          xaxis_title="batch (sequences)", yaxis_title="FLOPs per byte",
                          xaxis_type="log", yaxis_type="log", template="plotly_white",
                          height=420)
-    return figure
+    return localized(figure)
 
 
 def decode_bandwidth_chart(rows: list[dict], ceilings: dict[str, float], title: str
@@ -187,4 +188,22 @@ def decode_bandwidth_chart(rows: list[dict], ceilings: dict[str, float], title: 
         ))
     figure.update_layout(title=title, xaxis_title="bytes one decode step moves (GB)",
                          yaxis_title="GB/s", xaxis_type="log", template="plotly_white")
+    return localized(figure)
+
+
+def localized(figure: go.Figure) -> go.Figure:
+    """``figure`` with its title, axis titles, subplot titles and trace names in the chosen
+    language (``course.language``; the texts are collected from the keyword arguments that set
+    them)."""
+    layout = figure.layout
+    if layout.title.text:
+        layout.title.text = tr(layout.title.text)
+    for axis in [*figure.select_xaxes(), *figure.select_yaxes()]:
+        if axis.title.text:
+            axis.title.text = tr(axis.title.text)
+    for annotation in layout.annotations or ():
+        annotation.text = tr(annotation.text)
+    for trace in figure.data:
+        if trace.name:
+            trace.name = tr(trace.name)
     return figure

@@ -16,8 +16,10 @@ from typing import Any
 import torch
 
 from course import chunked_engine, chunked_scheduler
+from course.charts import localized
 from course.chunked_engine import ChunkedEngine, serve_chunked
 from course.chunked_scheduler import ChunkedRequest, ChunkedScheduler
+from course.language import tr
 from course.notebook import learner_or_course_probed as _chosen
 from course.notebook import needs
 from course.prefix_sim import WORKLOADS
@@ -242,7 +244,7 @@ def latency_against_budget(schedule: Callable, budgets: tuple[int, ...] = (
     return results
 
 
-def budget_chart(records: list, title: str = "Each step's token budget") -> Any:
+def budget_chart(records: list, title: str = "") -> Any:
     """A plotly stacked bar per step: tokens of prefill chunks, decodes and recomputes."""
     import plotly.graph_objects as go
 
@@ -254,9 +256,10 @@ def budget_chart(records: list, title: str = "Each step's token budget") -> Any:
                        name=kind, marker_color=colour)
     figure.add_scatter(x=[r.step for r in records], y=[r.budget for r in records],
                        mode="lines", name="budget", line={"dash": "dash", "color": "black"})
-    figure.update_layout(barmode="stack", title=title, xaxis_title="step",
+    figure.update_layout(barmode="stack", title=title or tr("Each step's token budget"),
+                         xaxis_title="step",
                          yaxis_title="tokens computed", template="plotly_white")
-    return figure
+    return localized(figure)
 
 
 def main() -> None:

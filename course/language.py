@@ -101,10 +101,33 @@ def split_template(text: str) -> tuple[str, ...]:
     return (*parts, "".join(literal))
 
 
+_PLAIN = r"[^()\[\]{}]"
+
+
+def _group(depth: int) -> str:
+    """A bracketed group whose brackets balance, nested up to ``depth`` deep (``re`` has no
+    recursion)."""
+    inner = _PLAIN
+    for _ in range(depth):
+        inner = f"{_PLAIN}|\\((?:{inner})*\\)|\\[(?:{inner})*\\]|\\{{(?:{inner})*\\}}"
+    return f"\\((?:{inner})*\\)|\\[(?:{inner})*\\]|\\{{(?:{inner})*\\}}"
+
+
+_GROUP = _group(3)
+
+
+def _hole(following: str) -> str:
+    """A hole holds a value: its brackets balance, and outside its brackets it never holds
+    the literal text that follows the hole. So "0 (10 tokens), 1 (4 tokens)" is two matches of
+    "{id} ({n} tokens)", not one whose first hole is "0 (10 tokens), 1"."""
+    stop = f"(?!{re.escape(following)})" if following else ""
+    return f"((?:{stop}{_PLAIN}|{_GROUP})*?)"
+
+
 @cache
 def _pattern(parts: tuple[str, ...]) -> re.Pattern:
-    return re.compile("".join("(.*?)" if i % 2 else re.escape(p) for i, p in enumerate(parts)),
-                      re.DOTALL)
+    return re.compile("".join(_hole(parts[i + 1]) if i % 2 else re.escape(p)
+                              for i, p in enumerate(parts)), re.DOTALL)
 
 
 class Catalogue:
@@ -127,8 +150,11 @@ class Catalogue:
         # punctuation and holes alone would match anything, so it is left out.
         self.templates = sorted((t for t in templates if _has_words(t.parts[0::2])),
                                 key=lambda t: -t.literal_length)
+        # A sentence of one word is only ever a whole text (a label): as a piece it would
+        # match inside other words and names.
         self.pieces: list[str | _Template] = sorted(
-            [s for s in self.sentences if _has_words((s,))] + self.templates,
+            [s for s in self.sentences if _has_words((s,)) and " " in s.strip()]
+            + self.templates,
             key=lambda piece: -(len(piece) if isinstance(piece, str) else piece.literal_length))
 
     def translate(self, text: str) -> str:
@@ -189,7 +215,11 @@ def _split(segments: list[tuple[str, bool]], find, render) -> list[tuple[str, bo
 
 
 def _find_sentence(text: str, sentence: str) -> re.Match | None:
-    return re.search(re.escape(sentence), text) if sentence in text else None
+    """The sentence in ``text``, not as part of a longer word."""
+    if sentence not in text:
+        return None
+    return re.search(r"(?<!\w)" * sentence[0].isalnum() + re.escape(sentence)
+                     + r"(?!\w)" * sentence[-1].isalnum(), text)
 
 
 def _find_template(text: str, template: _Template) -> re.Match | None:

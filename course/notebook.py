@@ -15,6 +15,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from course.language import tr
+
 _GRADED = {"now": False}
 
 
@@ -63,7 +65,8 @@ def learner_or_course(
     saying which, and why."""
     name = getattr(learner, "__name__", "your function")
     return _choose(learner, course, _attempt(learner, probe), _attempt(course, probe),
-                   name, f"{name} (its TODO above)", "is not written yet", "its test cell")
+                   name, tr(f"{name} (its TODO above)"), tr("is not written yet"),
+                   tr("its test cell"))
 
 
 def learner_or_course_probed(learner: Callable[..., Any], course: Callable[..., Any],
@@ -91,8 +94,9 @@ def learner_or_course_class(learner: type, course: type, probe: Callable[[type],
     name = learner.__name__
     return _choose(learner, course, _attempt(functools.partial(probe, learner), {}),
                    _attempt(functools.partial(probe, course), {}), name,
-                   f"your {name} (its TODOs above)",
-                   "is not finished yet (a method raises NotImplementedError)", "its test cells")
+                   tr(f"your {name} (its TODOs above)"),
+                   tr("is not finished yet (a method raises NotImplementedError)"),
+                   tr("its test cells"))
 
 
 def _choose(learner: Any, course: Any, mine: Any, ours: Any, name: str, todo: str,
@@ -100,22 +104,23 @@ def _choose(learner: Any, course: Any, mine: Any, ours: Any, name: str, todo: st
     """The learner's version, the course's or a stand-in, from what each did on the probe."""
     if mine is _NOT_READY:
         if ours is _NOT_READY:
-            return _StandIn(f"Finish {todo} to see this.")
-        print(f"Note: {name} {unfinished}, so the course's own version draws this.")
+            return _StandIn(tr(f"Finish {todo} to see this."))
+        print(tr(f"Note: {name} {unfinished}, so the course's own version draws this."))
         return course
     if isinstance(mine, _Raised):
         if ours is _NOT_READY:
-            return _StandIn(f"Your {name} raised {mine} here: fix it (see {tests}) to see this.")
-        print(f"Note: your {name} raised {mine}, so the course's own version draws this.")
+            return _StandIn(tr(f"Your {name} raised {mine} here: fix it (see {tests}) to see "
+                                "this."))
+        print(tr(f"Note: your {name} raised {mine}, so the course's own version draws this."))
         return course
     if ours is _NOT_READY or isinstance(ours, _Raised):
-        print(f"Using your {name} (whether it is right: see {tests}).")
+        print(tr(f"Using your {name} (whether it is right: see {tests})."))
         return learner
     if not _same(mine, ours):
-        print(f"Note: your {name} disagrees with the course's own version here (see {tests}), "
-              "so the course's own version draws this.")
+        print(tr(f"Note: your {name} disagrees with the course's own version here (see "
+                 f"{tests}), so the course's own version draws this."))
         return course
-    print(f"Using your {name}.")
+    print(tr(f"Using your {name}."))
     return learner
 
 

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import ipywidgets as widgets
 
+from course.language import tr
+
 
 def frame_player(render: Callable[[int], str], steps: int, css_class: str,
                  interval_ms: int = 900) -> widgets.VBox:
@@ -16,11 +18,11 @@ def frame_player(render: Callable[[int], str], steps: int, css_class: str,
     """
     last = steps - 1
     play = widgets.Play(value=0, min=0, max=last, step=1, interval=interval_ms,
-                        description="play")
-    slider = widgets.IntSlider(value=0, min=0, max=last, description="step")
+                        description=tr("play"))
+    slider = widgets.IntSlider(value=0, min=0, max=last, description=tr("step"))
     widgets.jslink((play, "value"), (slider, "value"))
-    back = widgets.Button(description="◀ step", layout=widgets.Layout(width="80px"))
-    forward = widgets.Button(description="step ▶", layout=widgets.Layout(width="80px"))
+    back = widgets.Button(description="◀ " + tr("step"), layout=widgets.Layout(width="80px"))
+    forward = widgets.Button(description=tr("step") + " ▶", layout=widgets.Layout(width="80px"))
     back.add_class("kv-step-back")
     forward.add_class("kv-step-forward")
     view = widgets.HTML(render(0))

@@ -11,6 +11,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from course.language import choose, tr
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -46,26 +48,29 @@ def detect() -> Runtime:
     name = _gpu_name() if os.environ.get("TRITON_INTERPRET") != "1" else None
     if name is not None:
         return Runtime("gpu", "cuda", f"{name} (CUDA)",
-                       f"GPU mode: Triton kernels compile for {name}")
+                       tr(f"GPU mode: Triton kernels compile for {name}"))
     return Runtime(
         "interpreter",
         "cpu",
         "Triton CPU interpreter (no CUDA GPU)",
-        "Triton CPU interpreter mode (no CUDA GPU): kernels run on CPU tensors, correctly but "
-        "far slower than on a GPU, so the notebooks use small shapes and skip timings",
+        tr("Triton CPU interpreter mode (no CUDA GPU): kernels run on CPU tensors, correctly "
+           "but far slower than on a GPU, so the notebooks use small shapes and skip timings"),
     )
 
 
-def setup(quiet: bool = False) -> Runtime:
-    """Choose GPU or interpreter mode for this kernel and print one line saying which."""
+def setup(quiet: bool = False, language: str | None = None) -> Runtime:
+    """Choose GPU or interpreter mode for this kernel and print one line saying which;
+    choose the language the course speaks (``course.language.choose``: ``language``, else
+    ``KV_COURSE_LANGUAGE``, else English)."""
+    choose(language)
     runtime = detect()
     if not runtime.is_gpu:
         os.environ["TRITON_INTERPRET"] = "1"
         early = sorted(name for name, module in list(sys.modules.items())
                        if name.split(".")[0] == "kernels" and _defines_kernels(module))
         if early:
-            print(f"Note: {', '.join(early)} was imported before course.setup(); restart the "
-                  "kernel and run this cell first so its kernels use the interpreter.")
+            print(tr(f"Note: {', '.join(early)} was imported before course.setup(); restart "
+                     "the kernel and run this cell first so its kernels use the interpreter."))
     if not quiet:
         print(runtime.description + ".")
     return runtime

@@ -302,3 +302,38 @@ def test_an_unfilled_exercise_fails_only_its_tests_and_its_widgets_fall_back(num
     expect(outputs.get_by_text("the course's own version").first).to_be_visible()
     assert page.locator(".kv-block-animation").count() >= 1  # the course's version, animated
     assert not page.get_by_text("Error displaying widget").count()
+
+
+# ----------------------------------------------------------------------------------------------
+# The Chinese edition: rendered in Chinese, with Chinese hints
+
+# Two different characters drawn in the page's own font: where the font has no Chinese glyphs,
+# both are drawn as the same empty box.
+_CJK_DRAWN = """(font) => {
+  const draw = (text) => {
+    const canvas = document.createElement('canvas');
+    canvas.width = 64; canvas.height = 64;
+    const context = canvas.getContext('2d');
+    context.font = font;
+    context.fillText(text, 4, 48);
+    return Array.from(context.getImageData(0, 0, 64, 64).data).join(',');
+  };
+  return draw('块') !== draw('表') && draw('块') !== draw(' ');
+}"""
+
+
+def test_a_chinese_notebook_renders_chinese_and_its_failing_tests_hint_in_chinese(page, lab):
+    from playwright.sync_api import expect
+
+    cells = run_all(page, lab, f"exercises/zh_CN/{BY_NUMBER['03'].name}.ipynb")
+    errors = _errors(cells)
+    assert errors and all(name.startswith("test_") for name in errors), errors
+    hints = [text for name, texts in errors.items() for text in texts]
+    assert any("尚未" in text or "还没有" in text for text in hints), hints
+    heading = page.locator(".jp-MarkdownOutput h1").first
+    expect(heading).to_contain_text("第 3 章")
+    font = heading.evaluate("e => getComputedStyle(e).font")
+    assert page.evaluate(_CJK_DRAWN, font), f"no font draws Chinese ({font}): install a CJK font"
+    FAILURES.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(FAILURES / "chinese-notebook.png"))
+    _picture(page.locator(".jp-NotebookPanel").first, "chinese-notebook")

@@ -10,6 +10,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from autograder.hints import in_language
+
 Diagnosis = tuple[Callable[..., Any], str]
 """A known wrong formula (returning None where it does not apply) and what it misses."""
 
@@ -25,9 +27,9 @@ class CheckFailed(AssertionError):
     def _render_traceback_(self) -> list[str]:
         if os.environ.get("KV_COURSE_TRACEBACK"):
             return traceback.format_exception(self)
-        return [f"{self.test} failed.", str(self),
-                "(For the traceback through the checks: %env KV_COURSE_TRACEBACK=1, then run "
-                "this cell again.)"]
+        return [in_language(f"{self.test} failed."), str(self),
+                in_language("(For the traceback through the checks: %env KV_COURSE_TRACEBACK=1, "
+                            "then run this cell again.)")]
 
 
 def describe_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> str:
