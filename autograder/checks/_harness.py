@@ -30,10 +30,6 @@ class Harness:
         self.log: list[str] = []
         self.blame = blame
 
-    def verify(self) -> None:
-        """Check what the learner's object holds now against the contract (a chapter's
-        harness says how; a stateful hidden check runs it after every step)."""
-
     def operations(self) -> str:
         """The operations a hint lists."""
         more = "... " if len(self.log) > self.shown else ""

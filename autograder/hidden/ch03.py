@@ -20,16 +20,23 @@ import time
 from collections.abc import Callable
 
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
 
 from autograder.checks._helpers import run_stateful
 from autograder.checks.ch03 import _Harness
-from autograder.hidden._machine import HarnessMachine
 from autograder.private import thorough
 
 
 def _machine(cls: type, operations: set[str]) -> type:
-    class BlockManagerMachine(HarnessMachine):
+    class BlockManagerMachine(RuleBasedStateMachine):
+        h: _Harness
+        next_id = 0
+
         @initialize(num_blocks=st.integers(1, 10), block_size=st.sampled_from([1, 2, 3, 4, 16]))
         def create(self, num_blocks: int, block_size: int) -> None:
             self.h = _Harness(cls, num_blocks, block_size)
@@ -82,6 +89,11 @@ def _machine(cls: type, operations: set[str]) -> type:
         def free(self, data: st.DataObject) -> None:
             if self.h.tokens and "free" in operations:
                 self.h.free(data.draw(st.sampled_from(sorted(self.h.tokens))))
+
+        @invariant()
+        def books_balance(self) -> None:
+            if hasattr(self, "h"):
+                self.h.verify()
 
     return BlockManagerMachine
 

@@ -14,7 +14,12 @@ import inspect
 from collections.abc import Callable
 
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
 
 from autograder.borrowing import course_version
 from autograder.checks._helpers import for_all, not_written, run_stateful
@@ -30,7 +35,6 @@ from autograder.checks.ch04 import (
     check_block_key,
     check_free,
 )
-from autograder.hidden._machine import HarnessMachine
 from autograder.private import thorough
 from course.block_manager import NoFreeBlocksError
 
@@ -171,7 +175,10 @@ def _machine(cls: type, operations: set[str]) -> type:
     blame = _blame(cls)
     prompts = st.lists(st.integers(0, 2), max_size=12)  # few token values: many shared prefixes
 
-    class PrefixCacheMachine(HarnessMachine):
+    class PrefixCacheMachine(RuleBasedStateMachine):
+        h: _Harness
+        next_id = 0
+
         @initialize(num_blocks=st.integers(1, 10), block_size=st.sampled_from([1, 2, 3, 4]))
         def create(self, num_blocks: int, block_size: int) -> None:
             self.h = _Harness(cls, num_blocks, block_size, model(num_blocks, block_size),
@@ -192,6 +199,11 @@ def _machine(cls: type, operations: set[str]) -> type:
         def free(self, data: st.DataObject) -> None:
             if self.h.tokens and "free" in operations:
                 self.h.free(data.draw(st.sampled_from(sorted(self.h.tokens))))
+
+        @invariant()
+        def books_balance(self) -> None:
+            if hasattr(self, "h"):
+                self.h.verify()
 
     return PrefixCacheMachine
 
