@@ -40,6 +40,7 @@ class _Harness(Harness):
                  blame: str | None = None) -> None:
         super().__init__(blame)
         self.num_blocks, self.block_size = num_blocks, block_size
+        # the skeleton's constructor: its own errors pass as they are
         self.bm = self.call(f"bm = BlockManager(num_blocks={num_blocks}, block_size={block_size})",
                             lambda: cls(num_blocks, block_size), allowed=(Exception,))
         self.tokens: dict[int, list[tuple[int, int]]] = {}  # the markers each sequence owns

@@ -174,6 +174,7 @@ class _Harness(Harness):
         self.size, self.num_blocks = block_size, num_blocks
         self.model = model if model is not None else private("04").model(num_blocks, block_size)
         self.expected = self.model.view()  # tables, refs, cached, evictable (LRU first), free
+        # the skeleton's constructor: its own errors pass as they are
         self.bm = self.call(f"bm = PrefixCachingBlockManager({num_blocks}, {block_size})",
                             lambda: cls(num_blocks, block_size), allowed=(Exception,))
         self.tokens: dict[int, list[int]] = {}  # each live sequence's tokens, as given
