@@ -44,8 +44,7 @@ def _checks_of(chapter: str | None) -> list[str]:
     from autograder.table import PARTS
 
     if chapter in PARTS:
-        number = PARTS[chapter].slug[:2]
-        names = [f"autograder.checks.ch{number}", f"autograder.hidden.ch{number}"]
+        names = [PARTS[chapter].checks, PARTS[chapter].hidden]
     else:
         names = [f"autograder.checks.{m.name}" for m in pkgutil.iter_modules(package.__path__)]
         if importlib.util.find_spec("autograder.hidden") is not None:

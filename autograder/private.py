@@ -36,6 +36,7 @@ from typing import Any
 from autograder.borrowing import check_subject
 from autograder.checks._helpers import CheckFailed
 from autograder.hints import in_language
+from autograder.table import parts_of
 
 RECORDED = Path(__file__).resolve().parent / "checks" / "recorded"
 
@@ -94,7 +95,7 @@ def private(number: str) -> Any:
         return recorder.module(number)
     if recording.exists():
         return _replay(recording)
-    return importlib.import_module(f"autograder.hidden.ch{number}")
+    return importlib.import_module(parts_of(number).hidden)
 
 
 # --- questions and their keys ----------------------------------------------------------------
@@ -183,7 +184,7 @@ class Recorder:
         self.objects: dict[str, Any] = {}
 
     def module(self, number: str) -> _Module:
-        hidden = importlib.import_module(f"autograder.hidden.ch{number}")
+        hidden = importlib.import_module(parts_of(number).hidden)
         answers = self.answers.setdefault(number, {})
 
         def ask(path: str, args: tuple, kwargs: dict, attribute: bool) -> Any:

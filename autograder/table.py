@@ -7,6 +7,10 @@ class's methods). A solution cell not named here is written in the notebook alon
 ``skeleton`` cell gives: the library class less every method that holds an answer.
 ``needs`` are the chapters whose answers the notebook runs (the learner edition refuses a
 chapter whose needs are not revealed).
+
+The modules and files of a chapter are named after its number: ``checks``, ``hidden``,
+``mutants``, ``alternatives`` and ``tests`` of its ``Parts`` give their names; nothing else
+spells them (``parts_of(3).hidden`` is ``"autograder.hidden.ch03"``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,34 @@ class Parts:
 
     @property
     def checks(self) -> str:
-        return f"autograder.checks.ch{self.slug[:2]}"
+        """The module of the visible checks."""
+        return f"autograder.checks.{self._ch}"
+
+    @property
+    def hidden(self) -> str:
+        """The module of the hidden checks, oracles and models."""
+        return f"autograder.hidden.{self._ch}"
+
+    @property
+    def mutants(self) -> str:
+        """The module of wrong answers, each with its hint (``tests/mutants/``; the tests
+        import it with ``tests/`` on the path)."""
+        return f"mutants.{self._ch}"
+
+    @property
+    def alternatives(self) -> str:
+        """The module of differently written correct answers (``tests/alternatives/``)."""
+        return f"alternatives.{self._ch}"
+
+    @property
+    def tests(self) -> str:
+        """The chapter's own test files, a glob pattern from the repository's root: every
+        test about one chapter is named ``tests/test_chNN_<topic>.py``."""
+        return f"tests/test_{self._ch}_*.py"
+
+    @property
+    def _ch(self) -> str:
+        return f"ch{self.slug[:2]}"
 
 
 def _all(module: str, *grade_ids: str) -> dict[str, str]:
@@ -68,3 +99,8 @@ PARTS = {parts.slug: parts for parts in [
         "kernels.varlen_attention", "varlen_attention_kernel") | _all(
         "course.chunked_engine", "engine_step"), needs=(4, 6, 7)),
 ]}
+
+
+def parts_of(number: int | str) -> Parts:
+    """The parts of chapter ``number`` (``3`` or ``"03"``)."""
+    return next(parts for parts in PARTS.values() if parts.number == int(number))

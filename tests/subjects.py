@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 
+from autograder.table import PARTS
+
 
 def alternative_subjects(checks, module, name: str) -> list:
     """The subjects of TODO ``name``: the named function, or the class (an alternatives module
@@ -18,7 +20,8 @@ def alternative_subjects(checks, module, name: str) -> list:
 
 def alternatives(chapter) -> dict[str, list]:
     """TODO name -> the alternative's subjects, for every TODO that has mutants."""
-    checks = importlib.import_module(f"autograder.checks.ch{chapter.number}")
-    module = importlib.import_module(f"alternatives.ch{chapter.number}")
-    names = importlib.import_module(f"mutants.ch{chapter.number}").MUTANTS
+    parts = PARTS[chapter.name]
+    checks = importlib.import_module(parts.checks)
+    module = importlib.import_module(parts.alternatives)
+    names = importlib.import_module(parts.mutants).MUTANTS
     return {name: alternative_subjects(checks, module, name) for name in names}

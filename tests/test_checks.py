@@ -16,24 +16,25 @@ from conftest import CHAPTERS
 from subjects import alternative_subjects
 
 from autograder.render import load, subjects
+from autograder.table import PARTS
 
 LEVELS = {"visible": "", "hidden": "_thoroughly"}
 
 
 def check(chapter, name: str, level: str):
     """The visible check of a TODO, or its thorough check in the chapter's hidden module."""
-    package = "hidden" if level == "hidden" else "checks"
-    module = importlib.import_module(f"autograder.{package}.ch{chapter.number}")
+    parts = PARTS[chapter.name]
+    module = importlib.import_module(parts.hidden if level == "hidden" else parts.checks)
     return getattr(module, f"check_{name}{LEVELS[level]}")
 
 
 def _modules(chapter):
-    number = chapter.number
-    checks = importlib.import_module(f"autograder.checks.ch{number}")
+    parts = PARTS[chapter.name]
+    checks = importlib.import_module(parts.checks)
     reference = {name: load(target) for name, target in
                  subjects(nbformat.read(chapter.source, as_version=4)).items()}
-    alternative = importlib.import_module(f"alternatives.ch{number}")
-    mutants = importlib.import_module(f"mutants.ch{number}").MUTANTS
+    alternative = importlib.import_module(parts.alternatives)
+    mutants = importlib.import_module(parts.mutants).MUTANTS
     return checks, reference, alternative, mutants
 
 

@@ -89,7 +89,7 @@ def test_chapters_whose_notebooks_need_unrevealed_answers_are_left_out(bare):
 def _visible_messages(chapter) -> dict[tuple[str, str], str]:
     """Every mutant's first visible failure, by (TODO, mutant)."""
     checks = importlib.import_module(PARTS[chapter.name].checks)
-    mutants = importlib.import_module(f"mutants.ch{chapter.number}").MUTANTS
+    mutants = importlib.import_module(PARTS[chapter.name].mutants).MUTANTS
     found = {}
     for name, wrong in mutants.items():
         for mutant, _ in wrong:

@@ -21,6 +21,7 @@ from conftest import CHAPTERS
 from mutants import ch01 as mutants
 from notebook_variants import borrowed, class_solution, fill, from_module, source_named
 
+from autograder.table import PARTS
 from course import kv_sizing
 
 pytestmark = pytest.mark.pipeline
@@ -63,9 +64,10 @@ def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, rep
     every TODO borrows the course's own answer (imported, aliased through importlib, wrapped,
     partial, a method copied, delegated to, inherited) get zero, each test saying why."""
     exercise = repo / "exercises" / f"{chapter.name}.ipynb"
-    alternative = importlib.import_module(f"alternatives.ch{chapter.number}")
-    names = list(importlib.import_module(f"mutants.ch{chapter.number}").MUTANTS)
-    checks = importlib.import_module(f"autograder.checks.ch{chapter.number}")
+    parts = PARTS[chapter.name]
+    alternative = importlib.import_module(parts.alternatives)
+    names = list(importlib.import_module(parts.mutants).MUTANTS)
+    checks = importlib.import_module(parts.checks)
     if hasattr(checks, "SUBJECT"):  # a class built up in steps: the whole alternative class
         whole = class_solution(alternative, alternative.ALTERNATIVES[-1].__name__,
                                checks.SUBJECT)

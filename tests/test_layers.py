@@ -1,14 +1,18 @@
 """The house's layers: the library (course/) and the kernels (kernels/) know nothing of the
-grader, and the kernels stand alone. Drawn from every import in their source, however deep."""
+grader, and the kernels stand alone. Drawn from every import in their source, however deep.
+And its one naming rule for a chapter's own tests."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO
+
+from autograder.table import PARTS
 
 LAYERS = {"course": {"autograder"}, "kernels": {"autograder", "course"}}
 
@@ -38,3 +42,12 @@ def test_the_grading_kernel_imports_no_triton_before_setup_chooses_its_mode():
     printed = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout
     assert printed.strip() == "[]"
+
+
+def test_a_chapter_s_own_tests_are_named_after_a_chapter_of_the_table():
+    """``tests/test_chNN_<topic>.py``, NN a chapter of ``autograder.table`` (its ``tests``)."""
+    own = {path for parts in PARTS.values() for path in REPO.glob(parts.tests)}
+    numbered = {path for path in (REPO / "tests").glob("test_ch*.py")
+                if re.fullmatch(r"test_ch\d+.*\.py", path.name)}
+    assert own, "the table's pattern finds no chapter's tests"
+    assert sorted(path.name for path in numbered - own) == []

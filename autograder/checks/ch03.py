@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autograder.checks._helpers import not_written
+from autograder.checks._harness import Harness, first_failing, unwritten
 from autograder.private import visible
 from course.block_manager import CopyOnWrite, NoFreeBlocksError
 
@@ -33,44 +33,18 @@ _COW = ("Copy-on-write: a sequence about to write into a partly filled last bloc
         "filled slots into it (Slot.copy says which); full shared blocks stay shared.")
 
 
-class _Harness:
+class _Harness(Harness):
     """The learner's manager, the tokens each sequence should read back, and a fake KV pool."""
 
     def __init__(self, cls: type, num_blocks: int, block_size: int,
                  blame: str | None = None) -> None:
+        super().__init__(blame)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.blame = blame  # an earlier TODO whose own visible test fails
-        self.log = [f"bm = BlockManager(num_blocks={num_blocks}, block_size={block_size})"]
-        self.bm = self._call(lambda: cls(num_blocks, block_size))
+        # the skeleton's constructor: its own errors pass as they are
+        self.bm = self.call(f"bm = BlockManager(num_blocks={num_blocks}, block_size={block_size})",
+                            lambda: cls(num_blocks, block_size), allowed=(Exception,))
         self.tokens: dict[int, list[tuple[int, int]]] = {}  # the markers each sequence owns
         self.pool: dict[int, tuple[int, int]] = {}  # fake KV pool: slot -> marker written there
-
-    # -- reporting ----------------------------------------------------------------------
-
-    def fail(self, problem: str, idea: str = "") -> None:
-        steps = "; ".join(self.log[-12:])
-        more = "... " if len(self.log) > 12 else ""
-        if self.blame:  # the likely cause is an earlier TODO: say that, not this one's idea
-            idea = (f"{self.blame} fails its own test, and this test relies on it: fix "
-                    f"{self.blame} first.")
-        raise AssertionError(f"After {more}{steps}: {problem}" + (f" {idea}" if idea else ""))
-
-    def _call(self, action: Callable):
-        try:
-            return action()
-        except NotImplementedError:
-            raise AssertionError(_not_written_method(self.log[-1])) from None
-
-    def _run(self, text: str, action: Callable, allowed: tuple = ()):
-        self.log.append(text)
-        try:
-            return action()
-        except NotImplementedError:
-            raise AssertionError(_not_written_method(text)) from None
-        except allowed:
-            raise
-        except Exception as exc:
-            self.fail(f"{text} raised {type(exc).__name__}: {exc}")
 
     # -- observing ------------------------------------------------------------------------
 
@@ -143,7 +117,7 @@ class _Harness:
         try:
             table = self.bm.allocate(seq, num_tokens)
         except NotImplementedError:
-            raise AssertionError(_not_written_method(text)) from None
+            raise unwritten(text) from None
         except NoFreeBlocksError:
             if fits:
                 self.fail(f"it raised NoFreeBlocksError with {before[2]} free blocks for a "
@@ -191,7 +165,7 @@ class _Harness:
         try:
             slot = self.bm.append_slot(seq)
         except NotImplementedError:
-            raise AssertionError(_not_written_method(text)) from None
+            raise unwritten(text) from None
         except NoFreeBlocksError:
             if before[2] > 0:
                 self.fail(f"append_slot raised NoFreeBlocksError with {before[2]} free blocks.")
@@ -260,7 +234,7 @@ class _Harness:
 
     def fork(self, parent: int, child: int) -> None:
         before = self.snapshot()
-        self._run(f"bm.fork({parent}, {child})", lambda: self.bm.fork(parent, child))
+        self.call(f"bm.fork({parent}, {child})", lambda: self.bm.fork(parent, child))
         for block in before[0][parent]:
             if self.bm.ref_count(block) != before[1][block] + 1:
                 self.fail(f"block {block}'s reference count went from {before[1][block]} to "
@@ -278,7 +252,7 @@ class _Harness:
         self.verify()
 
     def free(self, seq: int) -> None:
-        self._run(f"bm.free({seq})", lambda: self.bm.free(seq))
+        self.call(f"bm.free({seq})", lambda: self.bm.free(seq))
         del self.tokens[seq]
         self.verify()
 
@@ -292,7 +266,7 @@ class _Harness:
         try:
             action()
         except NotImplementedError:
-            raise AssertionError(_not_written_method(text)) from None
+            raise unwritten(text) from None
         except errors as exc:
             self._unchanged(before, operation)
             if unknown is not None:
@@ -328,23 +302,9 @@ def _marker(marker: tuple[int, int] | None) -> str:
     return "nothing" if marker is None else f"sequence {marker[0]}'s token {marker[1]}"
 
 
-def _not_written_method(text: str) -> str:
-    return not_written(text.split("(")[0].split(".")[-1] if "." in text else "BlockManager")
-
-
 # --- visible checks ------------------------------------------------------------------------
 # Each TODO's cases are a plain function of the class; a visible check runs them after
 # finding out whether an earlier TODO's cases fail, so that a failure it causes says so.
-
-
-def _first_failing(cls: type, *earlier: str) -> str | None:
-    """The first of the ``earlier`` TODOs whose own cases ``cls`` fails, if any."""
-    for todo in earlier:
-        try:
-            _PROBES[todo](cls)
-        except AssertionError:
-            return todo
-    return None
 
 
 def _allocate_cases(cls: type, blame: str | None = None) -> None:
@@ -448,14 +408,14 @@ def check_allocate(cls: type) -> None:
 def check_append_slot(cls: type) -> None:
     """Block size 4: a 3-token sequence fills its block, then takes a new one; two sequences
     grow interleaved; block size 1 takes a block per token; running out changes nothing."""
-    _append_slot_cases(cls, _first_failing(cls, "allocate"))
+    _append_slot_cases(cls, first_failing(_PROBES, cls, "allocate"))
 
 
 @visible
 def check_fork(cls: type) -> None:
     """A forked child shares every block of its parent; counts go up, nothing is copied; the
     child's table is its own list; a child id in use, or an unknown parent, raises."""
-    _fork_cases(cls, _first_failing(cls, "allocate", "append_slot"))
+    _fork_cases(cls, first_failing(_PROBES, cls, "allocate", "append_slot"))
 
 
 @visible
@@ -463,11 +423,11 @@ def check_copy_on_write(cls: type) -> None:
     """Block size 4: forked after 3 tokens, the first sequence to write copies the shared
     block; forked after 4, both take fresh blocks and the full block stays shared; a copy
     that finds no free block raises and changes nothing."""
-    _copy_on_write_cases(cls, _first_failing(cls, "allocate", "fork"))
+    _copy_on_write_cases(cls, first_failing(_PROBES, cls, "allocate", "fork"))
 
 
 @visible
 def check_free(cls: type) -> None:
     """Freeing a parent keeps the blocks its child shares; freeing the child returns them;
     freeing an unknown or already-freed sequence raises."""
-    _free_cases(cls, _first_failing(cls, "allocate", "fork", "copy_on_write"))
+    _free_cases(cls, first_failing(_PROBES, cls, "allocate", "fork", "copy_on_write"))

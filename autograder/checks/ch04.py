@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from autograder.checks._harness import Harness, first_failing, unwritten
 from autograder.checks._helpers import not_written
 from autograder.private import private, visible
 from course.block_manager import NoFreeBlocksError
@@ -158,38 +159,27 @@ def check_prefix_keys(fn: Callable) -> None:
 
 # --- the manager -------------------------------------------------------------------------
 
-class _Harness:
+class _Harness(Harness):
     """The learner's manager, a sentinel KV pool, and what the contract expects after each
     operation: ``model`` (by default the hidden module's, asked through ``private``) is told
     every operation that succeeds and says what the manager should hold then. What the
     harness asks it never depends on the learner's answers up to the first failure: it asks
     before it looks, and a failing step's hint uses only what it already asked."""
 
+    shown = 10
+
     def __init__(self, cls: type, num_blocks: int, block_size: int, model=None,
                  blame: str | None = None) -> None:
+        super().__init__(blame)
         self.size, self.num_blocks = block_size, num_blocks
-        self.blame = blame  # an earlier TODO whose own visible test fails
-        self.log = [f"bm = PrefixCachingBlockManager({num_blocks}, {block_size})"]
         self.model = model if model is not None else private("04").model(num_blocks, block_size)
         self.expected = self.model.view()  # tables, refs, cached, evictable (LRU first), free
-        self.bm = self._call(lambda: cls(num_blocks, block_size), "PrefixCachingBlockManager")
+        # the skeleton's constructor: its own errors pass as they are
+        self.bm = self.call(f"bm = PrefixCachingBlockManager({num_blocks}, {block_size})",
+                            lambda: cls(num_blocks, block_size), allowed=(Exception,))
         self.tokens: dict[int, list[int]] = {}  # each live sequence's tokens, as given
         self.extra: dict[int, tuple] = {}
         self.pool: dict[int, tuple] = {}
-
-    def fail(self, problem: str, idea: str = "") -> None:
-        steps = "; ".join(self.log[-10:])
-        more = "... " if len(self.log) > 10 else ""
-        if self.blame:  # the likely cause is an earlier TODO: say that, not this one's idea
-            idea = (f"{self.blame} fails its own test, and this test relies on it: fix "
-                    f"{self.blame} first.")
-        raise AssertionError(f"After {more}{steps}: {problem}" + (f" {idea}" if idea else ""))
-
-    def _call(self, action: Callable, name: str):
-        try:
-            return action()
-        except NotImplementedError:
-            raise AssertionError(not_written(name)) from None
 
     def _state(self) -> tuple:
         seqs = sorted(self.tokens)
@@ -261,7 +251,9 @@ class _Harness:
         expected = len(self.model.hits(tokens, extra)) * self.size
         before = self._state()
         try:
-            hits = self._call(lambda: self.bm.allocate(seq, list(tokens), extra), "allocate")
+            hits = self.bm.allocate(seq, list(tokens), extra)
+        except NotImplementedError:
+            raise unwritten(text) from None
         except NoFreeBlocksError:
             if admits:
                 self.fail("it raised NoFreeBlocksError, but the prompt fits.")
@@ -303,7 +295,9 @@ class _Harness:
         before = self._state()
         room = len(self.tokens[seq]) % self.size != 0 or self.expected["free"] > 0
         try:
-            got = self._call(lambda: self.bm.append_slot(seq, token), "append_slot")
+            got = self.bm.append_slot(seq, token)
+        except NotImplementedError:
+            raise unwritten(text) from None
         except NoFreeBlocksError:
             if room:
                 self.fail("it raised NoFreeBlocksError with room to spare.")
@@ -327,13 +321,7 @@ class _Harness:
         self.verify()
 
     def free(self, seq: int) -> None:
-        self.log.append(f"bm.free({seq})")
-        try:
-            self._call(lambda: self.bm.free(seq), "free")
-        except AssertionError:
-            raise
-        except Exception as exc:
-            self.fail(f"it raised {type(exc).__name__}: {exc}.")
+        self.call(f"bm.free({seq})", lambda: self.bm.free(seq))
         self.model.free(seq)
         self._told()
         del self.tokens[seq], self.extra[seq]
@@ -375,11 +363,7 @@ def _take_block_cases(cls: type) -> None:
 def _blame(cls: type) -> str | None:
     """"_take_block" when the class fails _take_block's own cases: the manager's other
     methods take their blocks through it."""
-    try:
-        _take_block_cases(cls)
-    except AssertionError:
-        return "_take_block"
-    return None
+    return first_failing({"_take_block": _take_block_cases}, cls, "_take_block")
 
 
 _REVIVE_FIRST = ("Revive the hits first (they leave the free queue), then take the fresh "
@@ -390,74 +374,58 @@ def _eviction_cases(cls: type, blame: str | None = None) -> None:
     """Two prompts that meet cached blocks sitting in the free queue, set up with the
     skeleton's own ``_release_block`` (no ``free`` needed): a hit that is the least recently
     used free block, and a cached block whose parent was evicted."""
-    log: list[str] = []
-
-    def fail(problem: str, idea: str) -> None:
-        if blame:
-            idea = f"{blame} fails its own test, and this test relies on it: fix {blame} first."
-        raise AssertionError(f"After {'; '.join(log)}: {problem} {idea}")
-
-    def step(text: str, action: Callable):
-        log.append(text)
-        try:
-            return action()
-        except NotImplementedError:
-            raise AssertionError(not_written(text.split("(")[0].split(".")[-1])) from None
-        except AssertionError:
-            raise
-        except Exception as exc:
-            fail(f"{text} raised {type(exc).__name__}: {exc}.", "")
+    h = Harness(blame)
 
     def release(bm, blocks: list[int], why: str) -> None:
-        log.append(f"bm._release_block(b) for b in {blocks} ({why})")
+        h.log.append(f"bm._release_block(b) for b in {blocks} ({why})")
         for block in blocks:
             bm._release_block(block)
 
     prefix = [11, 12, 13, 14, 15, 16, 17, 18]  # two full blocks of 4
-    bm = step("bm = PrefixCachingBlockManager(4, 4)", lambda: cls(4, 4))
-    step(f"bm.allocate(0, {prefix + [1]})", lambda: bm.allocate(0, prefix + [1]))
-    step("bm.allocate(1, [5])", lambda: bm.allocate(1, [5]))
+    bm = h.call("bm = PrefixCachingBlockManager(4, 4)", lambda: cls(4, 4))
+    h.call(f"bm.allocate(0, {prefix + [1]})", lambda: bm.allocate(0, prefix + [1]))
+    h.call("bm.allocate(1, [5])", lambda: bm.allocate(1, [5]))
     release(bm, [2, 1, 0], "sequence 0's blocks, tail first, as free will")
-    step("bm.allocate(2, [6])", lambda: bm.allocate(2, [6]))
+    h.call("bm.allocate(2, [6])", lambda: bm.allocate(2, [6]))
     release(bm, [3], "sequence 1's block")
     text = f"bm.allocate(3, {prefix + [8]})"
-    log.append(text)
+    h.log.append(text)
     try:  # the free queue is [1, 0, 3]: block 1 is a hit and the least recently used
         hits = bm.allocate(3, prefix + [8])
     except NotImplementedError:
-        raise AssertionError(not_written("allocate")) from None
+        raise unwritten(text) from None
     except Exception as exc:
-        fail(f"it raised {type(exc).__name__}: {exc}, with free blocks [1, 0, 3] (least "
-             "recently used first) and blocks 0 and 1 this prompt's two cached hits.",
-             _REVIVE_FIRST)
+        h.fail(f"it raised {type(exc).__name__}: {exc}, with free blocks [1, 0, 3] (least "
+               "recently used first) and blocks 0 and 1 this prompt's two cached hits.",
+               _REVIVE_FIRST)
     table = bm.block_table(3)
     if table != [0, 1, 3] or hits != 8:
-        fail(f"it returned {hits} hit tokens and the table {table}; expected 8 and [0, 1, 3] "
-             "(the free blocks were [1, 0, 3], least recently used first, and blocks 0 and 1 "
-             "this prompt's cached hits).", _REVIVE_FIRST if set(table[2:]) & {0, 1} else
-             "Hits come first, then fresh blocks, each the least recently used free block.")
+        h.fail(f"it returned {hits} hit tokens and the table {table}; expected 8 and [0, 1, 3] "
+               "(the free blocks were [1, 0, 3], least recently used first, and blocks 0 and 1 "
+               "this prompt's cached hits).", _REVIVE_FIRST if set(table[2:]) & {0, 1} else
+               "Hits come first, then fresh blocks, each the least recently used free block.")
 
-    log.clear()
-    bm = step("bm = PrefixCachingBlockManager(6, 4)", lambda: cls(6, 4))
-    step(f"bm.allocate(0, {prefix + [1]})", lambda: bm.allocate(0, prefix + [1]))
-    step("bm.allocate(1, [5] * 12)", lambda: bm.allocate(1, [5] * 12))
+    h.log.clear()
+    bm = h.call("bm = PrefixCachingBlockManager(6, 4)", lambda: cls(6, 4))
+    h.call(f"bm.allocate(0, {prefix + [1]})", lambda: bm.allocate(0, prefix + [1]))
+    h.call("bm.allocate(1, [5] * 12)", lambda: bm.allocate(1, [5] * 12))
     release(bm, [0, 1, 2], "sequence 0's blocks, head first")
-    step("bm.allocate(2, [6])", lambda: bm.allocate(2, [6]))  # takes block 0: its key goes
+    h.call("bm.allocate(2, [6])", lambda: bm.allocate(2, [6]))  # takes block 0: its key goes
     release(bm, [3, 4, 5], "sequence 1's blocks")
     text = f"bm.allocate(3, {prefix + [9]})"
-    log.append(text)
+    h.log.append(text)
     try:  # block 1's key (the first 8 tokens) is cached, its parent's (the first 4) is not
         hits = bm.allocate(3, prefix + [9])
     except NotImplementedError:
-        raise AssertionError(not_written("allocate")) from None
+        raise unwritten(text) from None
     except Exception as exc:
-        fail(f"it raised {type(exc).__name__}: {exc}.", "")
+        h.fail(f"it raised {type(exc).__name__}: {exc}.")
     if hits != 0:
-        fail(f"it returned {hits} hit tokens, expected 0: the prompt's first block (its first 4 "
-             "tokens) was evicted, though the block after it is still cached.",
-             "Hits are the longest run of cached blocks from the start of the prompt, stopping "
-             "at the first miss: a block after a miss holds KV of a prefix this prompt does "
-             "not have in the cache, and at another position.")
+        h.fail(f"it returned {hits} hit tokens, expected 0: the prompt's first block (its first 4 "
+               "tokens) was evicted, though the block after it is still cached.",
+               "Hits are the longest run of cached blocks from the start of the prompt, stopping "
+               "at the first miss: a block after a miss holds KV of a prefix this prompt does "
+               "not have in the cache, and at another position.")
 
 
 @visible

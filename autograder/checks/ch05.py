@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autograder.checks._harness import Harness
 from autograder.checks._helpers import not_written
 from autograder.private import private, visible
 from course.scheduler import Request, StepPlan, SwapSpaceFullError
@@ -67,7 +68,7 @@ _SWAP_FULL = ("A victim whose KV does not fit in the free CPU blocks raises "
               "changes.")
 
 
-class _Harness:
+class _Harness(Harness):
     """The learner's class on a fake engine, against the expected steps of the scenario.
 
     ``answers`` says what the policy does (the hidden module's ``expected_run``, and
@@ -81,6 +82,7 @@ class _Harness:
     def __init__(self, cls, specs, num_blocks, block_size, max_seqs=256, max_tokens=8192,
                  watermark=0.0, preemption="recompute", cpu_blocks=0, steps=MAX_STEPS,
                  mode="full", answers: Any = None):
+        super().__init__()
         specs = [tuple(spec) for spec in specs]
         ask = answers or private("05")  # asked first, whatever the class does
         scenario = dict(specs=specs, num_blocks=num_blocks, block_size=block_size,
@@ -95,7 +97,6 @@ class _Harness:
                     max_num_batched_tokens=max_tokens, watermark=watermark,
                     preemption=preemption, cpu_blocks=cpu_blocks)
         self.setup = ["s = Scheduler(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")"]
-        self.log: list[str] = []
         self.s = cls(**args)
         self.requests = {}
         for i, (prompt, output) in enumerate(specs):
@@ -109,7 +110,7 @@ class _Harness:
 
     # -- wording -----------------------------------------------------------------------------
 
-    def _operations(self) -> str:
+    def operations(self) -> str:
         """The scenario so far, runs of the same call counted."""
         runs: list[list] = []
         for op in self.log:
@@ -121,9 +122,6 @@ class _Harness:
         if len(steps) > 12:
             steps = ["..."] + steps[-10:]
         return "; ".join(self.setup + steps)
-
-    def fail(self, problem: str, idea: str = "") -> None:
-        raise AssertionError(f"After {self._operations()}: {problem} {idea}".rstrip())
 
     def _idea(self, observed: dict, field: str) -> str:
         """The hint of every known mistake that does exactly what the class did in this

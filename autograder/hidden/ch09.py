@@ -2,10 +2,10 @@
 
 The scheduling step's model is a second reading of the rules in ``schedule_step``'s
 docstring, written apart from the course's answer (phases as functions over a snapshot of the
-queues); the course's own test (``tests/test_chunked_scheduler.py``) shows the two agree on
-hypothesis-drawn scenarios. The thorough check runs the learner's step and the model in lock
-step on hypothesis-drawn scenarios: budgets down to 1, blocks of 1 to 4, shared prefixes,
-pools small enough to preempt, a cap on running requests.
+queues); the course's own test (``tests/test_ch09_chunked_scheduler.py``) shows the two agree
+on hypothesis-drawn scenarios. The thorough check runs the learner's step and the model in
+lock step on hypothesis-drawn scenarios: budgets down to 1, blocks of 1 to 4, shared
+prefixes, pools small enough to preempt, a cap on running requests.
 
 The attention's oracle works token by token over each request's contiguous keys in float64,
 and computes what known mistakes give (no causal mask, a context one short or one long,

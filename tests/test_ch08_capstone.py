@@ -3,6 +3,7 @@ equal their contiguous runs; the reservation baseline is counted right."""
 
 from __future__ import annotations
 
+from autograder.table import parts_of
 from course.capstone import equality_report, reservation_trace, workload
 from course.paged_engine import PagedEngine, make_request, serve
 from course.tiny_model import TinyModel
@@ -97,10 +98,11 @@ def test_debugging_table_rows_are_the_mistakes_the_named_checks_report():
         for number, name, mutant_name, fragment in cases:
             assert f"check_{name}`" in reported_by, (symptom, name)
             mutants = dict((m.__name__, m) for m, _ in
-                           importlib.import_module(f"mutants.ch{number:02d}").MUTANTS[name])
+                           importlib.import_module(parts_of(number).mutants).MUTANTS[name])
             first = None
-            for package, suffix in (("checks", ""), ("hidden", "_thoroughly")):
-                module = importlib.import_module(f"autograder.{package}.ch{number:02d}")
+            for module_name, suffix in ((parts_of(number).checks, ""),
+                                        (parts_of(number).hidden, "_thoroughly")):
+                module = importlib.import_module(module_name)
                 try:
                     getattr(module, f"check_{name}{suffix}")(mutants[mutant_name])
                 except AssertionError as failure:
