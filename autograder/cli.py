@@ -283,13 +283,15 @@ def _edition(args: argparse.Namespace) -> int:
 
 
 def _translations(check: bool) -> int:
-    from autograder.translation import TRANSLATED, domains, in_language, stale, update
+    from autograder.translation import TRANSLATED, compendium, domains, in_language, stale, update
 
     left = 0
+    known = {language: compendium(language) for language in TRANSLATED}  # read before writing
     for path, texts in domains().items():
         for language in TRANSLATED:
             catalogue = in_language(path, language)
-            missing = stale(catalogue, texts) if check else update(catalogue, texts, language)
+            missing = stale(catalogue, texts) if check else \
+                update(catalogue, texts, language, known[language])
             left += len(missing)
             if check:
                 for line in missing:

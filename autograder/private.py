@@ -72,8 +72,9 @@ def _verdict(check: Callable, args: tuple, kwargs: dict, kind: str) -> Any:
         raise
     except AssertionError as failure:
         todo = check.__name__.removeprefix("check_").removesuffix("_thoroughly")
-        raise CheckFailed(in_language(str(failure)), in_language(f"The {kind} of {todo}")) \
-            from failure
+        chapter = check.__module__.rpartition(".ch")[2][:2]  # autograder.checks.ch03
+        raise CheckFailed(in_language(str(failure), chapter=chapter),
+                          in_language(f"The {kind} of {todo}")) from failure
 
 
 def thorough(check: Callable) -> Callable:

@@ -39,7 +39,8 @@ from course.language import locale_folder, split_template
 
 TRANSLATED = ("zh_CN",)  # the languages the course is translated into
 BRACE = "python-brace-format"
-MARKS = ("tr", "in_language")  # what marks a string for translation
+# What marks a string for translation (``say``: a report's shorthand for ``in_language``).
+MARKS = ("tr", "in_language", "say")
 # The keyword arguments whose strings a reader sees: chart titles and legends, widget labels.
 LABELS = ("title", "xaxis_title", "yaxis_title", "title_text", "x_title", "y_title", "name",
           "subplot_titles", "description")
@@ -77,7 +78,8 @@ def module_texts(path: Path, marked_only: bool = False) -> list[Text]:
     marked = {id(call.args[0]) for call in ast.walk(tree)
               if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
               and call.func.id in MARKS and call.args}
-    marked |= {id(value) for value in _labels(tree)}
+    if marked_only:  # the library's charts and widgets
+        marked |= {id(value) for value in _labels(tree)}
     inner = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
              for v in node.values}
     strings = [node for node in ast.walk(tree)
@@ -130,6 +132,7 @@ def _is_prose(text: str, template: bool) -> bool:
     """Whether a string reads as words to a learner, not as a name, a path or a format: two
     English words or more, or for a template (which glues pieces of a hint together) one."""
     literal = "".join(split_template(text)[0::2]) if template else text
+    literal = re.sub(r"<[^<>]*>", "", literal)  # HTML tags are not words
     words = re.findall(r"(?<![\w.])[A-Za-z][a-z]+(?![\w(.])", literal)
     return len(words) >= (1 if template else 2) and " " in literal.strip()
 
@@ -380,11 +383,13 @@ def in_language(path: Path, language: str) -> Path:
 # --- catalogues ------------------------------------------------------------------------------
 
 
-def update(path: Path, texts: list[Text], language: str) -> list[str]:
+def update(path: Path, texts: list[Text], language: str,
+           compendium: dict[str, str] | None = None) -> list[str]:
     """Write the catalogue at ``path`` for ``texts``: a translation whose English is unchanged
-    is kept; one whose English changed is kept as fuzzy beside its new English (the nearest
-    old one, as ``previous msgid``); texts gone are dropped. Return the English of every entry
-    without a current translation."""
+    is kept, or taken from ``compendium`` (the other catalogues' translations: a text that
+    moved from one module to another keeps its translation); one whose English changed is kept
+    as fuzzy beside its new English (the nearest old one, as ``previous msgid``); texts gone
+    are dropped. Return the English of every entry without a current translation."""
     import polib
 
     old = polib.pofile(str(path)) if path.exists() else polib.POFile()
@@ -399,7 +404,7 @@ def update(path: Path, texts: list[Text], language: str) -> list[str]:
     for text in texts:
         entry = merged.get(text.english)
         if entry is None:
-            entry = _entry(text, known.get(text.english), gone)
+            entry = _entry(text, known.get(text.english), gone, compendium or {})
             merged[text.english] = entry
             catalogue.append(entry)
         entry.occurrences.append((text.where, ""))
@@ -408,7 +413,7 @@ def update(path: Path, texts: list[Text], language: str) -> list[str]:
     return [e.msgid for e in catalogue if not e.msgstr or "fuzzy" in e.flags]
 
 
-def _entry(text: Text, before, gone: list):
+def _entry(text: Text, before, gone: list, compendium: dict[str, str]):
     import polib
 
     flags = [BRACE] if text.template else []
@@ -416,6 +421,8 @@ def _entry(text: Text, before, gone: list):
         return polib.POEntry(msgid=text.english, msgstr=before.msgstr,
                              flags=sorted(set(flags) | set(before.flags)),
                              previous_msgid=before.previous_msgid)
+    if compendium.get(text.english):
+        return polib.POEntry(msgid=text.english, msgstr=compendium[text.english], flags=flags)
     nearest = difflib.get_close_matches(text.english, [e.msgid for e in gone], n=1, cutoff=0.6)
     if nearest:
         was = next(e for e in gone if e.msgid == nearest[0])
@@ -445,6 +452,12 @@ def stale(path: Path, texts: list[Text]) -> list[str]:
             problems.append(f"{where}: the translation of {text.english!r} must keep its "
                             f"holes {sorted(set(split_template(text.english)[1::2]))}")
     return problems
+
+
+def compendium(language: str) -> dict[str, str]:
+    """Every current translation into ``language``, from all its catalogues."""
+    return {english: chinese for path in domains()
+            for english, chinese in translations(in_language(path, language)).items()}
 
 
 def translations(path: Path) -> dict[str, str]:

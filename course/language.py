@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 ENGLISH = "en"
@@ -63,20 +64,86 @@ class _Template:
     parts: tuple[str, ...]  # literal, hole, literal, hole, ..., literal (holes at odd places)
 
     @property
-    def holes(self) -> tuple[str, ...]:
-        return self.parts[1::2]
-
-    @property
     def literal_length(self) -> int:
         return sum(len(p) for p in self.parts[0::2])
 
     @property
     def pattern(self) -> re.Pattern:
-        return _pattern(self.parts)
+        return _layout(self.parts).pattern
 
-    def fill(self, values: dict[str, str]) -> str:
-        cut = split_template(self.translation)
-        return "".join(values.get(p, "{" + p + "}") if i % 2 else p for i, p in enumerate(cut))
+    def fill(self, found: re.Match, parse: Callable[[str], tuple[str, int]]
+             ) -> tuple[str, int]:
+        """The translation, its holes filled with what ``found`` captured, translated too
+        (``parse``: a text's translation and how much of it the catalogue knew); and how much
+        of the text matched this accounts for.
+
+        Holes side by side in the English ("{why} {idea}") are captured as one text, since
+        nothing tells where one ends and the next begins: where the translation keeps them side
+        by side, that text is translated whole; elsewhere it is cut at the English separators."""
+        tokens = [(i % 2 == 1, part) for i, part in enumerate(split_template(self.translation))]
+        values: dict[str, str] = {}
+        known = self.literal_length
+        layout = _layout(self.parts)
+        for holes, separators, text in zip(layout.runs, layout.separators, found.groups(),
+                                           strict=True):
+            at = _find_run(tokens, holes)
+            if at is not None:
+                said, inside = parse(text)
+                tokens[at:at + 2 * len(holes) - 1] = [(False, said)]
+                known += inside
+                continue
+            for hole, value in zip(holes, _cut(text, separators), strict=True):
+                said, inside = parse(value)
+                values.setdefault(hole, said)
+                known += inside
+        return "".join(values.get(text, "{" + text + "}") if hole else text
+                       for hole, text in tokens), known
+
+
+@dataclass(frozen=True)
+class _Layout:
+    pattern: re.Pattern
+    runs: tuple[tuple[str, ...], ...]  # the holes each group of the pattern captures
+    separators: tuple[tuple[str, ...], ...]  # the literal text between a run's holes
+
+
+def _joins(literal: str) -> bool:
+    """Whether holes either side of ``literal`` are captured together: it is blank, so
+    nothing tells where one ends."""
+    return not literal.strip()
+
+
+@cache
+def _layout(parts: tuple[str, ...], greedy: bool = False) -> _Layout:
+    pattern, runs, separators = [re.escape(parts[0])], [], []
+    i = 1
+    while i < len(parts):
+        j = i
+        while j + 2 < len(parts) and _joins(parts[j + 1]):
+            j += 2
+        runs.append(parts[i:j + 1:2])
+        separators.append(parts[i + 1:j:2])
+        quoted = parts[i - 1].endswith("`") and parts[j + 1].startswith("`")
+        pattern += [_QUOTED if quoted else _hole(parts[j + 1], greedy), re.escape(parts[j + 1])]
+        i = j + 2
+    return _Layout(re.compile("".join(pattern), re.DOTALL), tuple(runs), tuple(separators))
+
+
+def _find_run(tokens: list[tuple[bool, str]], holes: tuple[str, ...]) -> int | None:
+    """Where ``holes`` stand side by side, in order, in a translation's tokens."""
+    for at in range(len(tokens) - 2 * len(holes) + 2):
+        if all(tokens[at + 2 * k] == (True, hole) for k, hole in enumerate(holes)) and all(
+                not tokens[at + 2 * k + 1][0] and _joins(tokens[at + 2 * k + 1][1])
+                for k in range(len(holes) - 1)):
+            return at
+    return None
+
+
+def _cut(text: str, separators: tuple[str, ...]) -> list[str]:
+    """``text`` cut at ``separators`` (each after the one before) into a value per hole."""
+    pattern = "".join(_hole(sep) + re.escape(sep) for sep in separators) + _hole("")
+    found = re.fullmatch(pattern, text, re.DOTALL)
+    return list(found.groups()) if found else [text, *[""] * len(separators)]
 
 
 def split_template(text: str) -> tuple[str, ...]:
@@ -101,33 +168,34 @@ def split_template(text: str) -> tuple[str, ...]:
     return (*parts, "".join(literal))
 
 
-_PLAIN = r"[^()\[\]{}]"
+# Code a hint quotes in backticks is read whole: its brackets need not balance (a line of a
+# kernel cut at its end). A backtick with no partner is plain text.
+_PLAIN = r"[^()\[\]{}`]|`(?![^`]*`)"
+_CODE = r"`[^`]*`"
+_QUOTED = r"([^`]*)"  # a hole between backticks holds code
 
 
 def _group(depth: int) -> str:
     """A bracketed group whose brackets balance, nested up to ``depth`` deep (``re`` has no
     recursion)."""
-    inner = _PLAIN
+    inner = f"{_PLAIN}|{_CODE}"
     for _ in range(depth):
-        inner = f"{_PLAIN}|\\((?:{inner})*\\)|\\[(?:{inner})*\\]|\\{{(?:{inner})*\\}}"
+        inner = f"{_PLAIN}|{_CODE}|\\((?:{inner})*\\)|\\[(?:{inner})*\\]|\\{{(?:{inner})*\\}}"
     return f"\\((?:{inner})*\\)|\\[(?:{inner})*\\]|\\{{(?:{inner})*\\}}"
 
 
 _GROUP = _group(3)
 
 
-def _hole(following: str) -> str:
-    """A hole holds a value: its brackets balance, and outside its brackets it never holds
-    the literal text that follows the hole. So "0 (10 tokens), 1 (4 tokens)" is two matches of
-    "{id} ({n} tokens)", not one whose first hole is "0 (10 tokens), 1"."""
+def _hole(following: str, greedy: bool = False) -> str:
+    """A hole holds a value: its brackets balance (code in backticks aside). Read shortest
+    first, it never holds the literal text that follows it outside its brackets, so
+    "0 (10 tokens), 1 (4 tokens)" is two matches of "{id} ({n} tokens)", not one whose first
+    hole is "0 (10 tokens), 1"."""
+    if greedy:
+        return f"((?:{_PLAIN}|{_CODE}|{_GROUP})*)"
     stop = f"(?!{re.escape(following)})" if following else ""
-    return f"((?:{stop}{_PLAIN}|{_GROUP})*?)"
-
-
-@cache
-def _pattern(parts: tuple[str, ...]) -> re.Pattern:
-    return re.compile("".join(_hole(parts[i + 1]) if i % 2 else re.escape(p)
-                              for i, p in enumerate(parts)), re.DOTALL)
+    return f"((?:{stop}(?:{_PLAIN})|{_CODE}|{_GROUP})*?)"
 
 
 class Catalogue:
@@ -146,10 +214,11 @@ class Catalogue:
                                                split_template(entry.msgid)))
                 else:
                     self.sentences[entry.msgid] = entry.msgstr
-        # The longest literal text first: the most specific entry wins. An entry of
-        # punctuation and holes alone would match anything, so it is left out.
+        # The most specific entry wins: one that begins with its own words, then the one with
+        # the most literal text. An entry of punctuation and holes alone would match
+        # anything, so it is left out.
         self.templates = sorted((t for t in templates if _has_words(t.parts[0::2])),
-                                key=lambda t: -t.literal_length)
+                                key=lambda t: (t.parts[0] == "", -t.literal_length))
         # A sentence of one word is only ever a whole text (a label): as a piece it would
         # match inside other words and names.
         self.pieces: list[str | _Template] = sorted(
@@ -157,61 +226,43 @@ class Catalogue:
             + self.templates,
             key=lambda piece: -(len(piece) if isinstance(piece, str) else piece.literal_length))
 
+        self._parse = lru_cache(maxsize=4096)(self._parse_text)
+
     def translate(self, text: str) -> str:
         """``text`` in this catalogue's language, as far as its entries cover it."""
+        return self._parse(text)[0]
+
+    def _parse_text(self, text: str) -> tuple[str, int]:
+        """``text`` translated, and how many of its characters the entries used account for.
+
+        Of every entry found in the text, the one whose reading accounts for most of it (its
+        own words, what its holes hold, and what is before and after it, read the same way)
+        wins. So a template whose hole would swallow the next sentence ("it raised {e}") loses
+        to the one that knows the sentence ("it raised {e}; this token needs ...")."""
         core = text.strip()
         if not core:
-            return text
+            return text, 0
         lead, trail = text[:len(text) - len(text.lstrip())], text[len(text.rstrip()):]
-        return lead + self._whole(core) + trail
-
-    def _whole(self, text: str) -> str:
-        if text in self.sentences:
-            return self.sentences[text]
-        for template in self.templates:
-            if _in_order(template.parts[0::2], text):
-                found = template.pattern.fullmatch(text)
-                if found is not None:
-                    return self._fill(template, found)
-        return self._pieces(text)
-
-    def _fill(self, template: _Template, found: re.Match) -> str:
-        values: dict[str, str] = {}
-        for hole, value in zip(template.holes, found.groups(), strict=True):
-            values.setdefault(hole, self.translate(value))
-        return template.fill(values)
-
-    def _pieces(self, text: str) -> str:
-        """Translate the entries found inside ``text`` (a hint is often a few of them, one
-        after the other), leaving the rest as it is."""
-        segments: list[tuple[str, bool]] = [(text, False)]
+        if core in self.sentences:
+            return lead + self.sentences[core] + trail, len(core)
+        found = []
         for piece in self.pieces:
             if isinstance(piece, str):
-                segments = _split(segments, lambda s, e=piece: _find_sentence(s, e),
-                                  lambda _match, e=piece: self.sentences[e])
+                match = _find_sentence(core, piece)
+                found += [(piece, match)] if match else []
             else:
-                segments = _split(segments, lambda s, t=piece: _find_template(s, t),
-                                  lambda match, t=piece: self._fill(t, match))
-        return "".join(text for text, _ in segments)
-
-
-def _split(segments: list[tuple[str, bool]], find, render) -> list[tuple[str, bool]]:
-    """Replace, in the segments not yet translated, every match ``find`` gives by
-    ``render(match)`` (marked translated)."""
-    out = []
-    for text, done in segments:
-        while not done and text:
-            match = find(text)
-            if match is None:
-                break
-            start, end = match.span()
-            if start:
-                out.append((text[:start], False))
-            out.append((render(match), True))
-            text = text[end:]
-        if text:
-            out.append((text, done))
-    return out
+                found += [(piece, match) for match in _find_template(core, piece)]
+        best = (core, 0)
+        for piece, match in sorted(found, key=lambda item: item[1].start()):
+            if isinstance(piece, str):
+                said, known = self.sentences[piece], len(piece)
+            else:
+                said, known = piece.fill(match, self._parse)
+            before, known_before = self._parse(core[:match.start()])
+            after, known_after = self._parse(core[match.end():])
+            if known_before + known + known_after > best[1]:
+                best = (before + said + after, known_before + known + known_after)
+        return lead + best[0] + trail, best[1]
 
 
 def _find_sentence(text: str, sentence: str) -> re.Match | None:
@@ -222,17 +273,27 @@ def _find_sentence(text: str, sentence: str) -> re.Match | None:
                      + r"(?!\w)" * sentence[-1].isalnum(), text)
 
 
-def _find_template(text: str, template: _Template) -> re.Match | None:
-    """A match of ``template`` inside ``text``: a hole at its start begins at the text's start,
-    a hole at its end runs to the text's end (a hole has no edge of its own)."""
+def _find_template(text: str, template: _Template) -> list[re.Match]:
+    """The matches of ``template`` inside ``text``, its holes read shortest first and longest
+    first (the two readings may differ: "{at}: {label} is wrong" on "f on x: seq 0: acc is
+    wrong"). A hole at its start begins at the text's start, a hole at its end runs to the
+    text's end (a hole has no edge of its own)."""
     if not _in_order(template.parts[0::2], text):
-        return None
-    pattern = template.pattern.pattern
-    if template.parts[0] == "":
-        pattern = "^" + pattern
-    if template.parts[-1] == "":
-        pattern += "$"
-    return re.search(pattern, text, re.DOTALL)
+        return []
+    found = []
+    for pattern in (template.pattern, _layout(template.parts, greedy=True).pattern):
+        match = _anchored(pattern.pattern, template.parts[0] == "",
+                          template.parts[-1] == "").search(text)
+        if match and match.end() > match.start() and all(
+                match.span() != other.span() or match.groups() != other.groups()
+                for other in found):
+            found.append(match)
+    return found
+
+
+@cache
+def _anchored(pattern: str, start: bool, end: bool) -> re.Pattern:
+    return re.compile("^" * start + pattern + "$" * end, re.DOTALL)
 
 
 def _in_order(literals: tuple[str, ...], text: str) -> bool:
@@ -251,12 +312,16 @@ def _has_words(literals: tuple[str, ...]) -> bool:
 
 
 @cache
-def catalogue(package: Path, language: str) -> Catalogue | None:
-    """Every catalogue of ``package`` (a folder holding ``locale/``) in ``language``; None for
-    English, the source."""
+def catalogue(package: Path, language: str, domains: tuple[str, ...] = ()
+              ) -> Catalogue | None:
+    """The catalogues of ``package`` (a folder holding ``locale/``) in ``language``: those
+    named in ``domains`` (``"ch03"`` for ``ch03.po``), else all; None for English, the
+    source."""
     if language == ENGLISH:
         return None
-    return Catalogue(sorted(locale_folder(package, language).glob("*.po")))
+    folder = locale_folder(package, language)
+    return Catalogue([folder / f"{name}.po" for name in domains] if domains
+                     else sorted(folder.glob("*.po")))
 
 
 def tr(text: str) -> str:

@@ -9,14 +9,17 @@ else hidden) must name the idea it missed.
 from __future__ import annotations
 
 import importlib
+import re
 
 import nbformat
 import pytest
-from conftest import CHAPTERS
+from conftest import CHAPTERS, REPO
 from subjects import alternative_subjects
 
+from autograder.hints import in_language
 from autograder.render import load, subjects
 from autograder.table import PARTS
+from course.language import catalogue
 
 LEVELS = {"visible": "", "hidden": "_thoroughly"}
 
@@ -78,6 +81,20 @@ def test_wrong_solutions_fail_with_the_right_hint(chapter, name, mutant, hint):
     assert hint in first
     # the hint names what broke: the call, or the operations on the class
     assert first.startswith("After ") if isinstance(mutant, type) else "(" in first
+    # and a learner of the Chinese edition reads it in Chinese
+    chinese = in_language(first, "zh_CN", chapter.number)
+    assert re.search(r"[\u4e00-\u9fff]", chinese), chinese
+    assert not left_in_english(chinese), (left_in_english(chinese), chinese)
+
+
+def left_in_english(text: str) -> list[str]:
+    """The English of the catalogues' sentences (four words or more) still in ``text``: a
+    hint's piece its Chinese edition does not translate."""
+    book = catalogue(REPO / "autograder", "zh_CN")
+    pieces = [english for english, chinese in book.sentences.items() if english != chinese]
+    pieces += [part for template in book.templates for part in template.parts[0::2]
+               if part not in template.translation]
+    return [piece for piece in pieces if len(piece.split()) >= 4 and piece in text]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)

@@ -96,7 +96,8 @@ def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, rep
     assert solution["chapter"] == chapter.name
     assert "interpreter" in solution["runtime"] or "CUDA" in solution["runtime"]
     assert set(solution) == {"learner", "notebook", "chapter", "timestamp", "status", "error",
-                             "runtime", "score", "max_score", "tests"}
+                             "runtime", "score", "max_score", "language", "tests"}
+    assert solution["language"] == "en"
     assert set(solution["tests"][0]) == {"id", "points", "max_points", "passed", "message"}
     assert f"score: {full:g} / {full:g}" in done.stdout and "graded on " in done.stdout
 

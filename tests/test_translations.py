@@ -132,12 +132,14 @@ def test_a_translated_notebook_names_each_glossary_term_in_english_once(chapter)
 def catalogue(tmp_path_factory) -> Catalogue:
     path = tmp_path_factory.mktemp("po") / "hints.po"
     entries = polib.POFile()
+    template = ["python-brace-format"]
     for english, chinese, flags in [
-        ("After {more}{steps}: {problem}", "执行 {more}{steps} 之后：{problem}", ["python-brace-format"]),
-        ("seq_len({seq}) is {got}, expected {length}.", "seq_len({seq}) 为 {got}，应为 {length}。",
-         ["python-brace-format"]),
-        ("A block's count is the number of tables that hold it.", "块的引用计数等于持有它的块表数。", []),
-        ("{name} is not written yet: replace it.", "{name} 还没有写：替换它。", ["python-brace-format"]),
+        ("After {more}{steps}: {problem}", "执行 {more}{steps} 之后：{problem}", template),
+        ("seq_len({seq}) is {got}, expected {length}.",
+         "seq_len({seq}) 为 {got}，应为 {length}。", template),
+        ("A block's count is the number of tables that hold it.",
+         "块的引用计数等于持有它的块表数。", []),
+        ("{name} is not written yet: replace it.", "{name} 还没有写：替换它。", template),
         ("step", "步", []),
     ]:
         entries.append(polib.POEntry(msgid=english, msgstr=chinese, flags=flags))

@@ -236,11 +236,11 @@ class _Harness(Harness):
             if request.id not in self.s.gpu.tables:
                 self.fail(f"request {request.id} runs without blocks.", "Reserve first, then "
                           "run: a step never runs a request whose blocks it does not hold.")
-        for key, label in [("decode", "decoded"),
-                           ("out", "swapped out"), ("in", "swapped in"),
-                           ("rejected", "rejected"), ("prefill", "prefilled")]:
+        for key, label in [("decode", "decode batch"), ("out", "swapped out requests"),
+                           ("in", "swapped in requests"), ("rejected", "rejected requests"),
+                           ("prefill", "prefill batch")]:
             if got["plan"][key] != want[key]:
-                self.fail(f"the step {label} {got['plan'][key]}, expected {want[key]}.",
+                self.fail(f"the step's {label}: {got['plan'][key]}, expected {want[key]}.",
                           self._idea(got, key))
         self._compare_state(got, expected, "")
 
@@ -251,10 +251,10 @@ class _Harness(Harness):
                 self.fail(f"{when}{what} {got[key]}, expected {expected[key]}.",
                           self._idea(got, key))
         if got["free"] != expected["free"]:
-            self.fail(f"{when}{got['free']} GPU blocks are free, expected {expected['free']}.",
+            self.fail(f"{when}free GPU blocks: {got['free']}, expected {expected['free']}.",
                       self._idea(got, "free"))
         if got["cpu_free"] != expected["cpu_free"]:
-            self.fail(f"{when}{got['cpu_free']} CPU blocks are free, expected "
+            self.fail(f"{when}free CPU blocks: {got['cpu_free']}, expected "
                       f"{expected['cpu_free']}.", self._idea(got, "cpu_free"))
         for request_id, tokens in expected["kv"].items():
             if got["kv"].get(request_id) != tokens:

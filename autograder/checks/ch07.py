@@ -332,12 +332,14 @@ def _stray_finding(audit: MemoryAudit, case: KernelCase, who: Callable,
                    extra: dict[str, torch.Tensor]) -> str:
     tensors = {"query": case.query, "k_cache": case.k_cache, "v_cache": case.v_cache,
                "block_tables": case.tables, "seq_lens": case.seq_lens} | extra
-    for kind, verb in (("store", "wrote"), ("load", "read")):
+    for kind in ("store", "load"):
         found = audit.stray_loads(list(tensors.values()), kind)
         if found:
             access, address = found[0]
-            return (f"{who(access.program)} {verb} memory outside every argument "
-                    f"({nearest(tensors, address)})")
+            program, near = who(access.program), nearest(tensors, address)
+            if kind == "store":
+                return f"{program} wrote memory outside every argument ({near})"
+            return f"{program} read memory outside every argument ({near})"
     return ""
 
 
@@ -386,10 +388,10 @@ def _addresses_in_int64(fn, name: str) -> None:
                  if narrow[0].get("code") else "")
         raise AssertionError(
             f"{name}, compiled for an NVIDIA A100 (sm_80), multiplies a block number read "
-            f"from the block table by stride_kv_block in {narrow[0]['type']}{where}: on a GPU "
-            "that product wraps once the pool holds more than 2^31 elements (4 GiB of fp16), "
-            "and the kernel reads another address. The block number is int64 before it is "
-            "multiplied.")
+            f"from the block table by stride_kv_block in {narrow[0]['type']}, not int64{where}: "
+            "on a GPU that product wraps once the pool holds more than 2^31 elements (4 GiB of "
+            "fp16), and the kernel reads another address. The block number is int64 before it "
+            "is multiplied.")
 
 
 def _kernel(fn: Callable, name: str, case: KernelCase, per_query_head: bool,
@@ -832,9 +834,11 @@ def _accepts(fn: Callable, case: KernelCase, what: str, want: torch.Tensor) -> N
             not _close(out, want, case.dtype):
         error = ((out.double().cpu() - want.double()).abs().nan_to_num(float("inf")).max()
                  .item() if isinstance(out, torch.Tensor) and out.shape == want.shape else None)
-        off = f"is off by up to {error:.3g}" if error is not None else "returned the wrong shape"
-        raise AssertionError(f"paged_attention(...) with {what} {off}; that input is valid: "
-                             f"{why}.")
+        if error is None:
+            raise AssertionError(f"paged_attention(...) with {what} returned the wrong shape; "
+                                 f"that input is valid: {why}.")
+        raise AssertionError(f"paged_attention(...) with {what} is off by up to {error:.3g}; "
+                             f"that input is valid: {why}.")
 
 
 def _wrapper(fn: Callable, case: KernelCase, want: torch.Tensor, known: dict,
