@@ -1,41 +1,17 @@
-"""The Chinese notebooks as a learner and a grader meet them: each solution runs top to bottom
-(charts and widgets included) and speaks Chinese; graded by the real nbgrader pipeline it gets
-full marks, its unfilled exercise zero with every hint and the report in Chinese; a class's
-English and Chinese submissions of a chapter land in one gradebook.
-
-(What the notebooks say is checked against the catalogues in tests/test_translations.py.)
+"""The Chinese notebooks as a learner meets them: each solution runs top to bottom (charts and
+widgets included) and speaks Chinese. Graded, they are tested in tests/test_zh_grading.py;
+what they say is checked against the catalogues in tests/test_translations.py.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-import nbformat
 import pytest
 from conftest import CHAPTERS
 from run_notebooks import errors, execute
 
-from autograder.chapters import EXERCISES
-
 ZH = "zh_CN"
-CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
-def grade(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=1200)
-
-
-def _max_points(path: Path) -> float:
-    return sum(c.metadata["nbgrader"]["points"]
-               for c in nbformat.read(path, as_version=4).cells
-               if c.metadata.get("nbgrader", {}).get("grade"))
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
@@ -47,50 +23,3 @@ def test_a_chinese_solution_runs_top_to_bottom_in_chinese(chapter, tmp_path):
     setup = next(c for c in notebook.cells if c.cell_type == "code")
     said = "".join(o.get("text", "") for o in setup.outputs)
     assert "解释器" in said or "GPU 模式" in said, said  # the set-up line, in Chinese
-
-
-@pytest.mark.pipeline
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
-def test_a_chinese_solution_grades_full_marks_and_its_exercise_zero_in_chinese(chapter,
-                                                                              tmp_path):
-    solution = chapter.source_in(ZH)
-    exercise = EXERCISES / ZH / f"{chapter.name}.ipynb"
-    report = tmp_path / "report.json"
-    done = grade("grade", solution, exercise, "--json", report)
-    assert done.returncode == 0, done.stderr
-    graded, unfilled = json.loads(report.read_text())
-    full = _max_points(chapter.source)
-    assert (graded["chapter"], graded["language"]) == (chapter.name, ZH)
-    assert (graded["score"], graded["max_score"]) == (full, full), [
-        t["message"] for t in graded["tests"] if not t["passed"]]
-    assert (unfilled["score"], unfilled["max_score"]) == (0, full)
-    assert all("还没有实现" in t["message"] for t in unfilled["tests"]), [
-        t["message"] for t in unfilled["tests"]]
-    assert f"得分：{full:g} / {full:g}" in done.stdout and "通过" in done.stdout
-
-
-@pytest.mark.pipeline
-def test_english_and_chinese_submissions_share_one_gradebook(tmp_path):
-    chapter = CHAPTERS[0]
-    class_dir = tmp_path / "class"
-    for learner, notebook in [("ada", chapter.source), ("bo", chapter.source_in(ZH)),
-                              ("cy", EXERCISES / ZH / f"{chapter.name}.ipynb"),
-                              ("di", EXERCISES / f"{chapter.name}.ipynb")]:
-        (class_dir / learner).mkdir(parents=True)
-        shutil.copyfile(notebook, class_dir / learner / f"{chapter.name}.ipynb")
-    database = tmp_path / "class.db"
-    done = grade("grade-all", class_dir, "--db", f"sqlite:///{database}", "--csv", "scores.csv",
-                 "--feedback", "feedback", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    with open(tmp_path / "scores.csv", newline="") as handle:
-        rows = {row["student_id"]: row for row in csv.DictReader(handle)}
-    full = _max_points(chapter.source)
-    assert {name: float(row["score"]) for name, row in rows.items()} == \
-        {"ada": full, "bo": full, "cy": 0.0, "di": 0.0}
-
-    def page(learner: str) -> str:
-        return (tmp_path / "feedback" / learner / chapter.name / f"{chapter.name}.html"
-                ).read_text(encoding="utf-8")
-
-    assert "还没有实现" in page("cy") and "is not written yet" not in page("cy")
-    assert "is not written yet" in page("di") and "还没有实现" not in page("di")
