@@ -15,6 +15,7 @@ import time
 from collections import deque
 
 from course.block_manager import BlockManager
+from course.language import aligned, tr
 
 
 class _ListFreePool(list):
@@ -74,9 +75,10 @@ def main(manager_class: type = BlockManager) -> None:
     class with a list for a free pool, at three pool sizes."""
     sizes = [1_000, 10_000, 100_000]
     slow_class = naive(manager_class)
-    print("BlockManager, append-heavy trace (block size 4, pool half full): operations per "
-          "second, best of 3 (higher is better)")
-    print(f"{'pool (blocks)':>14}{'free pool: deque':>20}{'naive (list.pop(0))':>22}")
+    print(tr("BlockManager, append-heavy trace (block size 4, pool half full): operations per "
+             "second, best of 3 (higher is better)"))
+    print(aligned(tr("pool (blocks)"), 14) + aligned(tr("free pool: deque"), 20)
+          + aligned(tr("naive (list.pop(0))"), 22))
     for size in sizes:  # best of three runs: the least disturbed by the rest of the machine
         fast = max(trace_ops_per_second(manager_class, size, seed=s) for s in range(3))
         slow = max(trace_ops_per_second(slow_class, size, seed=s) for s in range(3))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -322,6 +323,15 @@ def catalogue(package: Path, language: str, domains: tuple[str, ...] = ()
     folder = locale_folder(package, language)
     return Catalogue([folder / f"{name}.po" for name in domains] if domains
                      else sorted(folder.glob("*.po")))
+
+
+def aligned(text: str, width: int) -> str:
+    """``text`` in ``abs(width)`` columns of a terminal (where a Chinese character takes two),
+    right-aligned, or left-aligned for a negative ``width``: a table's heading in any
+    language."""
+    pad = " " * max(abs(width) - sum(2 if unicodedata.east_asian_width(c) in "WF" else 1
+                                     for c in text), 0)
+    return text + pad if width < 0 else pad + text
 
 
 def tr(text: str) -> str:

@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass
 
 from course.block_manager import NoFreeBlocksError
+from course.language import aligned, tr
 from course.prefix_cache import PrefixCachingBlockManager
 
 
@@ -189,8 +190,8 @@ def main(block_sizes: tuple[int, ...] = (1, 16, 64, 256), pool_tokens: int = 327
          manager_class: type = PrefixCachingBlockManager) -> dict[str, dict[int, CacheReport]]:
     """Print hit rate and memory saved for each workload and block size; return them."""
     reports: dict[str, dict[int, CacheReport]] = {}
-    print(f"{'workload':<32}{'block size':>11}{'prefill saved (hit rate)':>26}"
-          f"{'memory saved':>14}")
+    print(aligned(tr("workload"), -32) + aligned(tr("block size"), 11)
+          + aligned(tr("prefill saved (hit rate)"), 26) + aligned(tr("memory saved"), 14))
     for name, make in WORKLOADS.items():
         requests = make()
         reports[name] = {}

@@ -336,4 +336,5 @@ def test_a_chinese_notebook_renders_chinese_and_its_failing_tests_hint_in_chines
     assert page.evaluate(_CJK_DRAWN, font), f"no font draws Chinese ({font}): install a CJK font"
     FAILURES.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(FAILURES / "chinese-notebook.png"))
+    page.locator(".jp-CodeCell", has_text="还没有实现").first.scroll_into_view_if_needed()
     _picture(page.locator(".jp-NotebookPanel").first, "chinese-notebook")
