@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 import course
@@ -17,6 +19,19 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: alternatives, 
 from autograder.chapters import chapters  # noqa: E402
 
 CHAPTERS = list(chapters().values())
+
+
+def grade(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m autograder ARGS``, as an instructor runs it."""
+    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=1200)
+
+
+def max_points(chapter) -> float:
+    """The points a chapter's graded cells are worth."""
+    notebook = nbformat.read(chapter.source, as_version=4)
+    return sum(c.metadata["nbgrader"]["points"] for c in notebook.cells
+               if c.metadata.get("nbgrader", {}).get("grade"))
 
 
 @pytest.fixture(scope="session")

@@ -10,14 +10,13 @@ from __future__ import annotations
 import csv
 import importlib
 import json
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import CHAPTERS
+from conftest import CHAPTERS, grade, max_points
 from mutants import ch01 as mutants
 from notebook_variants import borrowed, class_solution, fill, from_module, source_named
 
@@ -29,11 +28,6 @@ pytestmark = pytest.mark.pipeline
 CHAPTER = "01_kv_cache_sizing"
 FUNCTIONS = list(mutants.MUTANTS)
 FULL_MARKS = 18.0
-
-
-def grade(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=1200)
 
 
 def _stderr_writer(lengths, capacity_tokens, block_size):
@@ -49,12 +43,6 @@ def _stderr_writer(lengths, capacity_tokens, block_size):
 def _warner(num_layers, num_kv_heads, head_dim, bytes_per_element):
     warnings.warn("a library warning", UserWarning, stacklevel=1)
     return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
-
-
-def _max_points(chapter) -> float:
-    notebook = nbformat.read(chapter.source, as_version=4)
-    return sum(c.metadata["nbgrader"]["points"] for c in notebook.cells
-               if c.metadata.get("nbgrader", {}).get("grade"))
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
@@ -83,7 +71,7 @@ def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, rep
                  report)
     assert done.returncode == 0, done.stderr
     solution, unfilled, other, borrower = json.loads(report.read_text())
-    full = _max_points(chapter)
+    full = max_points(chapter)
     assert full > 0 and len(solution["tests"]) == 2 * len(names)  # visible + hidden per TODO
     assert (solution["score"], solution["max_score"]) == (full, full)
     assert all(t["passed"] and t["message"] == "" for t in solution["tests"])

@@ -9,29 +9,14 @@ import csv
 import json
 import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-import nbformat
 import pytest
-from conftest import CHAPTERS
+from conftest import CHAPTERS, grade, max_points
 
 from autograder.chapters import EXERCISES
 
 ZH = "zh_CN"
 CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
-def grade(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=1200)
-
-
-def _max_points(path: Path) -> float:
-    return sum(c.metadata["nbgrader"]["points"]
-               for c in nbformat.read(path, as_version=4).cells
-               if c.metadata.get("nbgrader", {}).get("grade"))
 
 
 @pytest.mark.pipeline
@@ -44,7 +29,7 @@ def test_a_chinese_solution_grades_full_marks_and_its_exercise_zero_in_chinese(c
     done = grade("grade", solution, exercise, "--json", report)
     assert done.returncode == 0, done.stderr
     graded, unfilled = json.loads(report.read_text())
-    full = _max_points(chapter.source)
+    full = max_points(chapter)
     assert (graded["chapter"], graded["language"]) == (chapter.name, ZH)
     assert (graded["score"], graded["max_score"]) == (full, full), [
         t["message"] for t in graded["tests"] if not t["passed"]]
@@ -69,7 +54,7 @@ def test_english_and_chinese_submissions_share_one_gradebook(tmp_path):
     assert done.returncode == 0, done.stderr
     with open(tmp_path / "scores.csv", newline="") as handle:
         rows = {row["student_id"]: row for row in csv.DictReader(handle)}
-    full = _max_points(chapter.source)
+    full = max_points(chapter)
     assert {name: float(row["score"]) for name, row in rows.items()} == \
         {"ada": full, "bo": full, "cy": 0.0, "di": 0.0}
 
