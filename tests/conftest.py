@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
-import pytest
+# One torch thread in every process the suite starts (it inherits this): the suite runs a
+# worker per core, each starting kernels, graders and notebooks of its own, and torch's
+# OpenMP threads, one per core in every process, spin while they wait. Oversubscribed, they
+# slow the course's small operations tenfold (chapter 8's exercise: 5.6 s alone, 62 s beside
+# one busy process, 6.0 s there with one thread). Set before torch is first imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import course
+import nbformat  # noqa: E402
+import pytest  # noqa: E402
+
+import course  # noqa: E402
 
 course.setup(quiet=True)  # before any kernel module is imported: Triton reads the mode then
 
