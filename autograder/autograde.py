@@ -4,16 +4,19 @@
                                              gradebook (hidden tests registered), built once
                                              per chapter source and copied for every submission
     <temp>/kv-course-learner-XXXX/          one submission's course: a copy of the template
+        gradebook.db                                its gradebook
         submitted/<learner>/NN_slug/NN_slug.ipynb   the submission, rebuilt (``restore``)
         autograded/<learner>/NN_slug/NN_slug.ipynb  (the kernel's working directory)
-    <temp>/kv-course-book-XXXX/gradebook.db    that course's gradebook, kept out of its tree
+    <temp>/kv-k-XXXX/                       the kernel's own: sockets, HOME, caches, timings
 
 ``Grader.autograde`` takes a ``Job`` (the chapter's source notebook as text, the learner's
 notebook, who and what it is) and gives back an ``Outcome`` (the result of every test, and
 the executed notebook for the feedback page). It touches no class files, reads no file it is
 not given, and can run on another machine (``autograder.cluster``). nbgrader runs under
-``sandbox.run``: in the sandbox a submission's two folders are all it can write, and all of
-the host it sees besides the system, the Python environment and the course's packages.
+``sandbox.run`` (time, memory, and nothing outliving it), and its kernel, the one process
+that runs learner code, in the bubblewrap sandbox (``autograder.kernel``): its working folder
+and its own scratch folder are all it can write, and all of the host it sees besides the
+system, the Python environment and the course's packages.
 
 Checks: ``autograder.arming`` records the checks before the first cell and
 ``autograder.guard`` verifies them in every test cell; ``suspicious_code`` flags cells the
@@ -37,7 +40,8 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.arming import KERNEL_ARGUMENTS, TIMINGS
+from autograder import configuration
+from autograder.arming import TIMINGS
 from autograder.chapters import NotGradable
 from autograder.gradebook import COURSE_ID
 from autograder.guard import suspicious_code
@@ -48,26 +52,6 @@ from course.language import ENGLISH
 from course.language import ENVIRONMENT as LANGUAGE_SETTING
 
 __all__ = ["Grader", "Job", "Limits", "Outcome"]
-
-# A Python warning on stderr (say, a library's DeprecationWarning) must not zero a test cell:
-# nbgrader scores any stderr output as a failure, so IgnorePattern drops these outputs first.
-WARNING_ON_STDERR = r"(?m)^.*:\d+: \w*Warning: "
-
-_CONFIG = """\
-c = get_config()
-c.CourseDirectory.root = {root!r}
-c.CourseDirectory.course_id = {course_id!r}
-c.CourseDirectory.db_url = {db_url!r}
-c.Execute.timeout = {cell_timeout}
-c.Execute.kernel_name = "python3"
-c.IgnorePattern.enabled = True
-c.IgnorePattern.pattern = {pattern!r}
-c.LimitOutput.max_lines = 1000
-c.LimitOutput.max_traceback = 100
-c.Execute.extra_arguments = {kernel_arguments!r}
-# the kernel is the submission's alone and the sandbox ends it: no graceful wait
-c.Execute.shutdown_kernel = "immediate"
-"""
 
 _CRASH_RETRIES = 3  # cells that kill the kernel, replaced one at a time before giving up
 
@@ -176,28 +160,28 @@ class Grader:
                                           f"the grader ({flagged!r}); remove it and resubmit")
         copying = time.monotonic()
         work = Path(tempfile.mkdtemp(prefix="kv-course-learner-"))
-        books = Path(tempfile.mkdtemp(prefix="kv-course-book-"))  # not under the kernel's cwd
+        # the kernel's own folder, the one besides its working folder that the sandbox lets
+        # it write: its connection file and sockets, HOME, caches, timings (a short path: a
+        # Unix socket's must fit 107 bytes)
+        scratch = Path(tempfile.mkdtemp(prefix="kv-k-"))
         try:
-            # not the instructor's notebook (source/): its answers and hidden tests stay out of
-            # the submission's view; nbgrader restores cells from the gradebook
+            # not the instructor's notebook (source/): nbgrader restores cells from the
+            # gradebook, which only nbgrader sees (the kernel sees its own folders alone)
             shutil.copytree(template, work, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("gradebook.db", "source"))
-            shutil.copyfile(template / "gradebook.db", books / "gradebook.db")
-            db_url = f"sqlite:///{books / 'gradebook.db'}"
-            write_config(work, db_url, self.limits, self.course_id)
+                            ignore=shutil.ignore_patterns("source"))
+            _configure(work, self.limits, self.course_id, scratch)
             path = work / "submitted" / job.learner / job.chapter / f"{job.chapter}.ipynb"
             path.parent.mkdir(parents=True)
             nbformat.write(without_demonstrations(rebuilt.notebook, released), path)
             copy = time.monotonic() - copying
-            stamps = work / ".timings.json"
+            stamps = scratch / "timings.json"
             for _ in range(_CRASH_RETRIES + 1):
                 started = time.time()
                 try:
                     log = nbgrader(work, ["autograde", job.chapter, "--student", job.learner,
                                           "--force"], self.limits.notebook_timeout,
-                                   self.limits, writable=(work, books),
-                                   environment={TIMINGS: str(stamps),
-                                                LANGUAGE_SETTING: job.language})
+                                   self.limits, environment={TIMINGS: str(stamps),
+                                                             LANGUAGE_SETTING: job.language})
                 except subprocess.TimeoutExpired:
                     return self._zero(job, tests,
                                       f"not graded: the notebook ran past its "
@@ -205,13 +189,14 @@ class Grader:
                                       "endless loop or a very slow cell)")
                 if "Kernel died" not in log:
                     break
-                crashed = self._crashing_cell(path, (work, books))
+                crashed = self._crashing_cell(path, scratch)
                 if crashed is None:
                     return self._zero(job, tests, "not graded: the Python kernel crashed (a "
                                                   "segfault or an exit) in a test or given cell")
                 _neutralise(path, crashed)
             executed = work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
-            scores = _scores(db_url, job.chapter, job.learner, self.course_id)
+            scores = _scores(f"sqlite:///{work / 'gradebook.db'}", job.chapter, job.learner,
+                             self.course_id)
             if scores is None or not executed.exists():
                 errors = [line for line in log.splitlines() if "ERROR" in line]
                 reason = errors[0].split("]", 1)[-1].strip() if errors else "no reason given"
@@ -223,23 +208,28 @@ class Grader:
                            breakdown(copy, started, ended, stamps, notebook))
         finally:
             shutil.rmtree(work, ignore_errors=True)
-            shutil.rmtree(books, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _zero(self, job: Job, tests: list[tuple[str, float]], reason: str) -> Outcome:
         return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
                                  {}, None, reason, job.language))
 
-    def _crashing_cell(self, notebook: Path, writable: tuple[Path, ...]) -> int | None:
-        """The index of the learner's cell that kills the kernel, found by running the
-        notebook under the same limits and sandbox; None when it is a test or given cell, or
-        unknown."""
-        command = [sys.executable, "-m", "autograder.crash_probe", str(notebook),
+    def _crashing_cell(self, notebook: Path, scratch: Path) -> int | None:
+        """The index of the learner's cell that kills the kernel, found by running a copy of
+        the notebook under the same limits, in a sandbox that sees that copy alone; None when
+        it is a test or given cell, or unknown."""
+        probe = scratch / "crash-probe"
+        probe.mkdir()
+        shutil.copyfile(notebook, probe / notebook.name)
+        command = [sys.executable, "-m", "autograder.crash_probe", notebook.name,
                    str(self.limits.cell_timeout)]
         try:
-            found = int(run(command, notebook.parent, self.limits.notebook_timeout,
-                            self.limits, writable).strip().splitlines()[-1])
+            found = int(run(command, probe, self.limits.notebook_timeout, self.limits,
+                            (probe,)).strip().splitlines()[-1])
         except (subprocess.TimeoutExpired, ValueError, IndexError):
             return None
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
         if found < 0:
             return None
         cell = nbformat.read(notebook, as_version=4).cells[found]
@@ -254,31 +244,33 @@ def _test_cells(source: str) -> list[tuple[str, float]]:
             if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
 
 
-def write_config(root: Path, db_url: str, limits: Limits, course_id: str = COURSE_ID) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "nbgrader_config.py").write_text(_CONFIG.format(
-        root=str(root), course_id=course_id, db_url=db_url, cell_timeout=limits.cell_timeout,
-        pattern=WARNING_ON_STDERR, kernel_arguments=KERNEL_ARGUMENTS))
+def _configure(root: Path, limits: Limits, course_id: str, scratch: Path | None = None
+               ) -> None:
+    """nbgrader's configuration for a submission's course at ``root`` (its own gradebook
+    there); its kernel keeps its files in ``scratch``."""
+    configuration.write(root, course_id, limits.cell_timeout, limits.sandbox,
+                        f"sqlite:///{root / 'gradebook.db'}", scratch)
 
 
 def generate(root: Path, chapter: str, source: str, db_url: str, limits: Limits,
              course_id: str = COURSE_ID) -> None:
     """Release a chapter from its source (text) in a course folder at ``root`` whose gradebook
     is ``db_url`` (registering the chapter there, hidden tests included)."""
-    write_config(root, db_url, limits, course_id)
+    configuration.write(root, course_id, limits.cell_timeout, limits.sandbox, db_url)
     path = root / "source" / chapter / f"{chapter}.ipynb"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source, encoding="utf-8")
-    # Outside the sandbox: generate_assignment runs no notebook (no learner code, only the
-    # instructor's source), and registering a chapter writes the class's own gradebook.
-    nbgrader(root, ["generate_assignment", chapter, "--force"], 300,
-             dataclasses.replace(limits, sandbox=False))
+    # generate_assignment runs no notebook (no learner code, only the instructor's source)
+    nbgrader(root, ["generate_assignment", chapter, "--force"], 300, limits)
 
 
 def nbgrader(root: Path, args: list[str], timeout: int, limits: Limits,
-             writable: tuple[Path, ...] = (), environment: dict[str, str] | None = None) -> str:
+             environment: dict[str, str] | None = None) -> str:
+    """nbgrader's command line in the course at ``root``, under ``limits`` but outside the
+    sandbox: it runs no learner code, and its kernel is sandboxed on its own
+    (``autograder.kernel``)."""
     return run([sys.executable, "-m", "autograder.nbgrader_main", *args], root, timeout,
-               limits, writable, environment)
+               dataclasses.replace(limits, sandbox=False), environment=environment)
 
 
 def _neutralise(notebook: Path, index: int) -> None:

@@ -3,6 +3,7 @@ notebook's time goes.
 
     python -m autograder.bench [--learners 50] [--jobs 1 2] [--dask local:2] [--sandbox auto|on|off]
     python -m autograder.bench --breakdown [--repeat 3] [--sandbox auto|on|off]
+    python -m autograder bench --vs-nbgrader [--repeat 5] [--chapters 1-9]
 
 Learner i hands in chapter i mod (number of chapters): correct (the course's solutions),
 partial (the first half of the TODOs solved) or broken (an endless loop, a syntax error or a
@@ -15,11 +16,16 @@ processes on this machine).
 kept) and prints where its time went (``autograde.breakdown``): copying its course, nbgrader
 and the kernel starting, the imports and set-up before the first cell, the notebook's own
 cells, the test cells, nbgrader after the last cell; and the part that is not the tests.
+
+``--vs-nbgrader`` grades each chapter's solution with the grader and with stock nbgrader,
+paired, and prints wall time, CPU time and peak memory with their ratios
+(``autograder.versus``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -84,10 +90,16 @@ def _breakdown_table(found: dict[str, dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m autograder bench",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--breakdown", action="store_true",
                         help="where one notebook's time goes, per chapter (seconds)")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--vs-nbgrader", action="store_true",
+                        help="the grader against stock nbgrader, per chapter")
+    parser.add_argument("--chapters", default="all", help="with --vs-nbgrader: for example "
+                        "1-3 (default: all)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="runs per notebook (default: 3, or 5 with --vs-nbgrader)")
     parser.add_argument("--learners", type=int, default=50)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
@@ -96,6 +108,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="also grade the class on these Dask clusters (grade-all's --dask, "
                         "for example local:2)")
     args = parser.parse_args(argv)
+    if args.vs_nbgrader:
+        from autograder.classdir import parse_chapters
+        from autograder.versus import report
+
+        repeat = args.repeat or 5
+        print(f"median of {repeat} paired runs per chapter, on {os.cpu_count()} cores; "
+              f"`python -m autograder bench --vs-nbgrader --repeat {repeat} --chapters "
+              f"{args.chapters}`")
+        wall, memory = report(parse_chapters(args.chapters, chapters()), repeat)
+        print(f"largest ratios, ours / stock nbgrader: wall {wall:.2f}, memory {memory:.2f}")
+        return 0
+    args.repeat = args.repeat or 3
     if args.breakdown:
         import course
         from autograder.sandbox import probe

@@ -6,8 +6,8 @@ The view is built from explicit binds, so whatever is not named here does not ex
   the Python environment (``sys.prefix``, ``sys.base_prefix`` and the interpreter's folder)
   and the course's own packages (``course``, ``kernels``, ``autograder``: in an editable
   install they live in the checkout, of which nothing else is bound);
-* writable, at their own paths: only the folders the caller names (a submission's copy of
-  the course and its gradebook copy);
+* writable, at their own paths: only the folders the caller names (a kernel's working folder
+  and its scratch folder; the crash probe's copy of a notebook);
 * its own: an empty ``/tmp`` (a capped tmpfs), a minimal ``/dev`` (null, zero, random,
   tty, shm; with a GPU, ``/dev/nvidia*`` and a read-only ``/sys``, which the CUDA driver
   reads), and ``/proc`` of its own PID namespace, with ``/proc/sys`` read-only.

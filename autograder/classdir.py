@@ -3,9 +3,10 @@
     python -m autograder course-dir DIR [--chapters 1-3,5] [--course-id ID] [--exchange PATH]
 
 writes ``DIR/source/NN_slug/NN_slug.ipynb`` for each chapter (from the package's solutions)
-and ``DIR/nbgrader_config.py``: the settings grading needs (time limits, warnings on stderr
-that must not zero a test), and feedback that keeps hidden tests hidden, so that nbgrader's
-own ``generate_feedback`` on this course shows no hidden test's source and no traceback.
+and ``DIR/nbgrader_config.py`` (``autograder.configuration``: the settings the grader grades
+with, so nbgrader's own ``autograde`` on this course runs a notebook as ``grade-all`` does, its
+kernel sandboxed, and its ``generate_feedback`` shows no hidden test's source and no
+traceback).
 """
 
 from __future__ import annotations
@@ -14,32 +15,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from autograder import configuration
 from autograder.chapters import Chapter
 from autograder.gradebook import COURSE_ID
-
-CONFIG = '''\
-# nbgrader settings for this class (written by `python -m autograder course-dir`).
-from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-from nbgrader.preprocessors import GetGrades
-
-from autograder.feedback import HideHiddenTests
-
-c = get_config()
-c.CourseDirectory.root = {root!r}
-c.CourseDirectory.course_id = {course_id!r}
-{exchange}
-# Learner code runs in a fresh kernel with a time limit per cell.
-c.Execute.timeout = 120
-c.Execute.kernel_name = "python3"
-# A Python warning on stderr must not zero a test cell (nbgrader scores any stderr as failed).
-c.IgnorePattern.enabled = True
-c.IgnorePattern.pattern = {pattern!r}
-c.LimitOutput.max_lines = 1000
-# Before a graded notebook's first cell: the checks recorded, the chapter's answers guarded.
-c.Execute.extra_arguments = {kernel_arguments!r}
-# Feedback: the hidden tests' source and every traceback are replaced by the test's hint.
-c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, HideHiddenTests]
-'''
 
 
 def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:
@@ -63,22 +41,16 @@ def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:
 
 
 def write_course_dir(root: Path, selected: list[Chapter], course_id: str = COURSE_ID,
-                     exchange: Path | None = None) -> list[Path]:
+                     exchange: Path | None = None, sandbox: bool = True) -> list[Path]:
     """Set up (or add chapters to) an nbgrader course directory; return what was written.
-    A chapter already in ``source/`` is left as the class has it."""
-    from autograder.arming import KERNEL_ARGUMENTS
-    from autograder.autograde import WARNING_ON_STDERR
-
+    A chapter already in ``source/`` is left as the class has it, and so is its
+    ``nbgrader_config.py``."""
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     written = []
-    config = root / "nbgrader_config.py"
-    if not config.exists():
-        line = f"c.Exchange.root = {str(exchange.resolve())!r}\n" if exchange else ""
-        config.write_text(CONFIG.format(root=str(root), course_id=course_id, exchange=line,
-                                        pattern=WARNING_ON_STDERR,
-                                        kernel_arguments=KERNEL_ARGUMENTS), encoding="utf-8")
-        written.append(config)
+    if not (root / "nbgrader_config.py").exists():
+        written.append(configuration.write(root, course_id, sandbox=sandbox,
+                                           exchange=exchange))
     for chapter in selected:
         destination = root / "source" / chapter.name / f"{chapter.name}.ipynb"
         if not destination.exists():

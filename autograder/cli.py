@@ -7,6 +7,7 @@
     python -m autograder course-dir DIR [--chapters 1-3] [--course-id ID] [--exchange DIR]
     python -m autograder release
     python -m autograder repository URL
+    python -m autograder bench [--vs-nbgrader | --breakdown | --learners N] ...
 
 ``grade-all`` takes nbgrader's ``submitted/`` folder (or the course directory holding it), a
 folder of ``<learner>/<NN_slug>.ipynb``, or a zip of uploads from a learning platform in
@@ -87,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     setup.add_argument("--course-id", default="paged-kv-course")
     setup.add_argument("--exchange", type=Path, metavar="DIR",
                        help="nbgrader's exchange folder (c.Exchange.root), for a JupyterHub")
+    setup.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
+                       help="run nbgrader's kernels in a bubblewrap sandbox (default: auto, on "
+                       "Linux)")
 
     edition = commands.add_parser("edition", help="build the learner edition: the library "
                                   "with the answers of chapters not revealed left out, the "
@@ -98,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="where the class publishes the edition (default: pyproject's)")
 
     commands.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
+    measuring = commands.add_parser("bench", help="grading throughput, where a notebook's time "
+                                    "goes, the grader against stock nbgrader "
+                                    "(`python -m autograder bench --help`)", add_help=False)
+    measuring.add_argument("options", nargs="*")
     words = commands.add_parser("translations", help="collect every English text into the "
                                 "translation catalogues (*.po), keeping current translations; "
                                 "say what is left to translate")
@@ -303,6 +311,11 @@ def _translations(check: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its options are the benchmark's own (autograder.bench)
+        from autograder.bench import main as bench
+
+        return bench(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "release":
         from autograder.release import release_all
@@ -337,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        for path in write_course_dir(args.directory, selected, args.course_id, args.exchange):
+        for path in write_course_dir(args.directory, selected, args.course_id, args.exchange,
+                                     _sandboxed(args.sandbox)):
             print(f"wrote {path}")
         return 0
 

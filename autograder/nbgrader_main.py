@@ -4,14 +4,20 @@ jsonschema, which nbgrader loads through nbformat, builds a URI-syntax grammar a
 when the optional ``rfc3987_syntax`` package is installed: about one and a half seconds of CPU
 in every grading process, for a format check that nbformat's schema never asks for (nbformat
 validates without format checking). Marking that package as absent makes jsonschema skip it;
-everything else is nbgrader unchanged.
+everything else is nbgrader unchanged. The grader's own command line starts the same way
+(``autograder.__main__``).
 """
 
 import sys
 
-sys.modules.setdefault("rfc3987_syntax", None)  # jsonschema skips a format it cannot import
 
-from nbgrader.apps.nbgraderapp import main  # noqa: E402
+def without_uri_grammar() -> None:
+    """Make jsonschema skip the grammar; call before nbformat is first imported."""
+    sys.modules.setdefault("rfc3987_syntax", None)
+
 
 if __name__ == "__main__":
+    without_uri_grammar()
+    from nbgrader.apps.nbgraderapp import main
+
     sys.exit(main())

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from autograder import bubblewrap
 from autograder.bubblewrap import probe
+from course.runtime import gpu_name
 
 __all__ = ["Limits", "probe", "run"]
 
@@ -53,18 +54,11 @@ def run(command: list[str], cwd: Path, timeout: int, limits: Limits,
     every process it started is gone when this returns. In the sandbox, only ``writable``
     (default: ``cwd``) can be written, and the first of them holds HOME. ``environment`` adds
     variables to this process's."""
-    env = dict(os.environ) | (environment or {})
-    # nbgrader calls `alembic` and starts kernels by name: this environment's bin comes first.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    if limits.threads and "OMP_NUM_THREADS" not in env:  # a setting of the user's wins
-        env["OMP_NUM_THREADS"] = str(limits.threads)
-    # hypothesis keeps a folder of its own: in the submission's folder, deleted with it
-    env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(cwd / ".hypothesis-storage")
+    env = environment_for(dict(os.environ) | (environment or {}), list(writable) or [cwd],
+                          limits.threads)
     reaped = [sys.executable, "-m", "autograder.reaper", str(timeout), "--", *command]
     if limits.sandbox:
-        private = list(writable) or [cwd]
-        env.update(private_home(private[0] / ".home"))
-        reaped = bubblewrap.wrap(reaped, private, cwd)
+        reaped = confine(reaped, cwd, list(writable) or [cwd], env)
     # output goes to a file, not a pipe: a process that escaped could hold a pipe open
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as output:
         process = subprocess.Popen(reaped, cwd=cwd, env=env, stdout=output,
@@ -81,6 +75,28 @@ def run(command: list[str], cwd: Path, timeout: int, limits: Limits,
     if process.returncode == 124:  # the reaper's deadline
         raise subprocess.TimeoutExpired(command, timeout, output=log)
     return log
+
+
+def environment_for(env: dict[str, str], writable: Sequence[Path], threads: int | None = None
+                    ) -> dict[str, str]:
+    """``env`` as a graded process gets it: this environment's programs first, ``threads``
+    torch threads (its share of the cores), hypothesis' folder in the first of ``writable``
+    (deleted with it)."""
+    env = dict(env)
+    # nbgrader calls `alembic` and starts kernels by name: this environment's bin comes first.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    if threads and "OMP_NUM_THREADS" not in env:  # a setting of the user's wins
+        env["OMP_NUM_THREADS"] = str(threads)
+    env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(Path(writable[0]) / ".hypothesis-storage")
+    return env
+
+
+def confine(command: list[str], cwd: Path, writable: Sequence[Path], env: dict[str, str]
+            ) -> list[str]:
+    """``command`` run in the bubblewrap sandbox, where only ``writable`` can be written;
+    ``env`` (changed in place) gets the sandbox's own HOME and caches, in the first of them."""
+    env.update(private_home(Path(writable[0]) / ".home"))
+    return bubblewrap.wrap(command, writable, cwd)
 
 
 def private_home(home: Path) -> dict[str, str]:
@@ -114,7 +130,7 @@ def _kill_group(pid: int) -> None:
 def _memory_limit(gib: float | None):
     """A function that caps the address space of the process it runs in (and of its
     children); None where there is no limit or a CUDA GPU (its context needs far more)."""
-    if gib is None or _has_cuda():
+    if gib is None or gpu_name() is not None:
         return None
     limit = int(gib * 2**30)
 
@@ -122,9 +138,3 @@ def _memory_limit(gib: float | None):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     return apply
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -34,8 +34,9 @@ class Runtime:
 _GPU_DEVICES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
 
 
-def _gpu_name() -> str | None:
-    """The first CUDA GPU's name, or None."""
+def gpu_name() -> str | None:
+    """The first CUDA GPU's name, or None (without importing torch where no GPU driver is
+    there)."""
     if not any(os.path.exists(path) for path in _GPU_DEVICES):
         return None
     import torch
@@ -45,7 +46,7 @@ def _gpu_name() -> str | None:
 
 def detect() -> Runtime:
     """Look for a CUDA GPU; change nothing."""
-    name = _gpu_name() if os.environ.get("TRITON_INTERPRET") != "1" else None
+    name = gpu_name() if os.environ.get("TRITON_INTERPRET") != "1" else None
     if name is not None:
         return Runtime("gpu", "cuda", f"{name} (CUDA)",
                        tr(f"GPU mode: Triton kernels compile for {name}"))

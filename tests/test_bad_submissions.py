@@ -195,6 +195,25 @@ subprocess.Popen([sys.executable, "-c", later, "{escapee}"], start_new_session=T
 '''
 
 
+# Raises its own grades in whatever database it can find: the gradebook nbgrader is writing
+# its grades into, wherever it lies within reach (nbgrader creates the grade rows before the
+# notebook runs and never overwrites a manual score).
+_REWRITES_GRADES = '''
+import glob
+import os
+import sqlite3
+
+places = ["/tmp/**/*.db", os.path.expanduser("~") + "/**/*.db", "../../../**/*.db"]
+for path in {found for place in places for found in glob.glob(place, recursive=True)}:
+    try:
+        database = sqlite3.connect(path)
+        database.execute("update grade set manual_score = 100, auto_score = 100")
+        database.commit()
+    except sqlite3.Error:
+        pass
+'''
+
+
 _OBFUSCATED_PATCH = '''
 import importlib
 checks = importlib.import_module("autogr" + "ader.checks.ch01")
@@ -274,6 +293,8 @@ def cases(outside: Outside) -> dict[str, tuple[str, nbformat.NotebookNode | byte
         "fake-outputs": (name["08"], _fake_outputs("08"), 0.0),
         "patched-checks": (name["01"], broken("01", _OBFUSCATED_PATCH, wrong_answer=True),
                            f["01"] - 3),
+        "rewrites-its-grades": (name["01"], broken("01", _REWRITES_GRADES, wrong_answer=True),
+                                f["01"] - 3),
         "named-the-grader": (name["01"], broken(
             "01", "from autograder.checks import ch01\n\nch01.__dict__.clear()\n",
             wrong_answer=True), 0.0),

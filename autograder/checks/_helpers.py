@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import math
 import numbers
 import os
+import shutil
 import tempfile
 import traceback
 from collections.abc import Callable, Iterable
@@ -150,11 +152,12 @@ def _keep_hypothesis_files_away() -> None:
     """hypothesis caches what it learns in ``.hypothesis/`` of the working folder: the
     learner's folder, or nbgrader's ``autograded/``, which ``generate_feedback`` copies into
     the learner's feedback. Unless told where (``HYPOTHESIS_STORAGE_DIRECTORY``), it goes to a
-    temporary folder of this process instead."""
+    temporary folder of this process instead, removed when the process ends."""
     if "home" not in _HYPOTHESIS and not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
         from hypothesis.configuration import set_hypothesis_home_dir
 
         _HYPOTHESIS["home"] = tempfile.mkdtemp(prefix="kv-course-hypothesis-")
+        atexit.register(shutil.rmtree, _HYPOTHESIS["home"], True)
         set_hypothesis_home_dir(_HYPOTHESIS["home"])
 
 

@@ -1,0 +1,83 @@
+"""The kernel nbgrader starts for a submission: the one process that runs learner code, alone
+in the submission's sandbox.
+
+nbgrader itself reads the submission, restores its cells, records the grades in the
+gradebook and writes the graded notebook: none of that runs learner code, so it runs outside
+the sandbox, and the gradebook is not in the sandbox's view. Only the kernel is confined::
+
+    grader ── reaper ── nbgrader autograde            (the submission's limits, no sandbox)
+                            │  ZeroMQ over Unix sockets in ``scratch``
+                            └── bwrap ── ipykernel   (sees: the system, the Python
+                                                      environment, the course's packages,
+                                                      its working folder, ``scratch``)
+
+nbgrader is told to use this class (``c.Execute.kernel_manager_class``, written by
+``autograder.configuration``). Its kernel speaks over Unix sockets in ``scratch``
+(``transport = "ipc"``), since the sandbox has a network of its own; it is interrupted by a
+message rather than a signal (the sandbox's processes are in a session of their own), as
+nbgrader does when a cell runs past its time limit. Its HOME, caches and hypothesis' folder
+are in ``scratch`` too. With ``sandbox`` off, the kernel starts as Jupyter starts it, still
+talking over Unix sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from jupyter_client import AsyncKernelManager
+from traitlets import Bool, Unicode, default
+
+from autograder.sandbox import confine, environment_for
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernel runs in a bubblewrap sandbox (``sandbox``)."""
+
+    sandbox = Bool(True, help="run the kernel in the bubblewrap sandbox").tag(config=True)
+    scratch = Unicode(help="a folder of the submission's own, writable in the sandbox: the "
+                      "kernel's connection file, sockets, HOME and caches (default: a "
+                      "temporary folder, removed with the kernel)").tag(config=True)
+    _made_scratch = False
+
+    @default("scratch")
+    def _temporary(self) -> str:
+        self._made_scratch = True
+        return tempfile.mkdtemp(prefix="kv-k-")
+
+    @default("transport")
+    def _ipc(self) -> str:
+        return "ipc"
+
+    @default("connection_file")
+    def _in_scratch(self) -> str:
+        # short: a Unix socket's path (this name, "-ipc-", a port number) must fit 107 bytes
+        return str(Path(self.scratch) / f"k-{uuid.uuid4().hex[:8]}.json")
+
+    @property
+    def kernel_spec(self) -> Any:
+        spec = super().kernel_spec
+        if spec is not None:
+            spec.interrupt_mode = "message"  # no signal reaches into the sandbox's session
+        return spec
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        scratch = Path(self.scratch)
+        cwd = Path(kw.get("cwd") or os.getcwd())
+        env = environment_for(kw.get("env") or dict(os.environ), [scratch])
+        if self.sandbox:
+            kernel_cmd = confine(kernel_cmd, cwd, [scratch, cwd], env)
+            # Not told its parent: ipykernel would stop once its parent is process 1, which
+            # in the sandbox's own process namespace it is from the start. bwrap ends the
+            # kernel when the process that started it ends.
+            kw["independent"] = True
+        await super()._async_launch_kernel(kernel_cmd, **(kw | {"env": env}))
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart)
+        if self._made_scratch and not restart:
+            shutil.rmtree(self.scratch, ignore_errors=True)

@@ -1,0 +1,145 @@
+"""The grader against stock nbgrader: one chapter's solution graded both ways, paired.
+
+    python -m autograder bench --vs-nbgrader [--repeat 5] [--chapters 1-9]
+
+Ours is ``python -m autograder grade NOTEBOOK``, as a self-learner runs it (sandboxed where
+bwrap works). Stock is ``python -m nbgrader autograde NN_slug --student learner --force`` in a
+class directory made by ``course-dir`` (the course's class configuration, its kernel
+sandboxed the same way), with the same notebook handed in. Both run once untimed (a released
+chapter cached, files in the page cache), then ``repeat`` times each, alternating which goes
+first. For every run, the whole process tree is measured: wall time, CPU time (user + system,
+every process in it) and peak memory (the most the tree held resident at once, sampled every
+10 ms). Medians are printed with the ratios ours / stock.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from autograder.chapters import Chapter
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Cost:
+    wall: float  # seconds
+    cpu: float  # seconds, user + system, every process of the tree
+    memory: float  # MiB, the most the tree held resident at once
+
+
+def _processes() -> dict[int, tuple[int, float, int]]:
+    """pid -> (parent pid, CPU seconds so far, resident bytes), for every process."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:  # it ended while we looked
+            continue
+        # after the command's name: state, ppid, ... utime (12th), stime (13th), rss (22nd)
+        found[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK,
+                             int(fields[21]) * _PAGE)
+    return found
+
+
+def measure(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> Cost:
+    """Run ``command`` and measure its process tree; raises ``CalledProcessError`` if it
+    fails."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    cpu: dict[int, float] = {}
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            table = _processes()
+            tree, todo = set(), [process.pid]
+            children: dict[int, list[int]] = {}
+            for pid, (parent, _, _) in table.items():
+                children.setdefault(parent, []).append(pid)
+            while todo:
+                pid = todo.pop()
+                if pid in table and pid not in tree:
+                    tree.add(pid)
+                    todo += children.get(pid, [])
+            peak[0] = max(peak[0], sum(table[pid][2] for pid in tree))
+            for pid in tree:
+                cpu[pid] = max(cpu.get(pid, 0.0), table[pid][1])
+            done.wait(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    started = time.monotonic()
+    sampler.start()
+    _, errors = process.communicate()
+    wall = time.monotonic() - started
+    done.set()
+    sampler.join()
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, command, stderr=errors)
+    return Cost(wall, sum(cpu.values()), peak[0] / 2**20)
+
+
+def compare(chapter: Chapter, repeat: int, scratch: Path) -> tuple[Cost, Cost]:
+    """The median costs (ours, stock) of grading ``chapter``'s solution."""
+    from autograder.classdir import write_course_dir
+    from autograder.gradebook import COURSE_ID
+
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
+                                                 os.environ.get("PATH", "")]))
+    course = scratch / chapter.name / "class"
+    write_course_dir(course, [chapter], COURSE_ID)
+    subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", chapter.name,
+                    "--force"], cwd=course, env=env, check=True, capture_output=True)
+    handed_in = course / "submitted" / "learner" / chapter.name / f"{chapter.name}.ipynb"
+    handed_in.parent.mkdir(parents=True)
+    shutil.copyfile(chapter.source, handed_in)
+    own = scratch / chapter.name / "own" / f"{chapter.name}.ipynb"
+    own.parent.mkdir(parents=True)
+    shutil.copyfile(chapter.source, own)
+    runs = {
+        "ours": ([sys.executable, "-m", "autograder", "grade", str(own)], own.parent),
+        "stock": ([sys.executable, "-m", "nbgrader", "autograde", chapter.name, "--student",
+                   "learner", "--force"], course),
+    }
+    costs: dict[str, list[Cost]] = {name: [] for name in runs}
+    for command, cwd in runs.values():  # warm: the released chapter, the page cache
+        measure(command, cwd, env)
+    for index in range(repeat):
+        for name in (list(runs) if index % 2 == 0 else list(reversed(runs))):
+            costs[name].append(measure(*runs[name], env))
+    return tuple(Cost(*(statistics.median(getattr(c, part) for c in costs[name])
+                        for part in ("wall", "cpu", "memory")))
+                 for name in runs)
+
+
+def report(chapters: list[Chapter], repeat: int) -> tuple[float, float]:
+    """Print every chapter's median costs and ratios as it is measured; return the largest
+    wall and memory ratios."""
+    print(f"{'chapter':<38}{'wall s':>14}{'ratio':>7}{'CPU s':>14}{'ratio':>7}"
+          f"{'memory MiB':>16}{'ratio':>7}")
+    print(f"{'':<38}{'ours / stock':>14}{'':>7}{'ours / stock':>14}{'':>7}"
+          f"{'ours / stock':>16}{'':>7}")
+    worst_wall = worst_memory = 0.0
+    with tempfile.TemporaryDirectory(prefix="kv-course-versus-") as scratch:
+        for chapter in chapters:
+            ours, stock = compare(chapter, repeat, Path(scratch))
+            ratios = [ours.wall / stock.wall, ours.cpu / stock.cpu, ours.memory / stock.memory]
+            worst_wall, worst_memory = max(worst_wall, ratios[0]), max(worst_memory, ratios[2])
+            print(f"{chapter.name:<38}{ours.wall:>6.2f} / {stock.wall:<5.2f}{ratios[0]:>7.2f}"
+                  f"{ours.cpu:>6.2f} / {stock.cpu:<5.2f}{ratios[1]:>7.2f}"
+                  f"{ours.memory:>7.0f} / {stock.memory:<6.0f}{ratios[2]:>7.2f}", flush=True)
+    return worst_wall, worst_memory
