@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import nbformat
@@ -43,8 +44,9 @@ import nbformat
 from autograder import configuration
 from autograder.arming import TIMINGS
 from autograder.chapters import NotGradable
-from autograder.gradebook import COURSE_ID
+from autograder.configuration import COURSE_ID
 from autograder.guard import suspicious_code
+from autograder.nbgrader_main import SCORES
 from autograder.report import NotebookResult, result_of
 from autograder.restore import rebuild
 from autograder.sandbox import Limits, run
@@ -81,8 +83,12 @@ def breakdown(copy: float, started: float, ended: float, stamps: Path,
     starting, the imports and set-up before the first cell (``arming``), the notebook's own
     cells (set-up, answers, demonstrations), the test cells, and nbgrader after the last cell.
     ``started`` and ``ended`` are the wall-clock times around nbgrader; ``stamps`` holds the
-    kernel's times around arming."""
-    armed_from, armed_to = json.loads(stamps.read_text())
+    kernel's times around arming (written in the sandbox: when it is not two times, arming
+    counts as nbgrader's)."""
+    try:
+        armed_from, armed_to = map(float, json.loads(stamps.read_text()))
+    except (OSError, ValueError, TypeError):
+        armed_from = armed_to = started
     cells, tests, first, last = 0.0, 0.0, None, None
     for cell in executed.cells:
         times = cell.get("metadata", {}).get("execution", {})
@@ -123,9 +129,7 @@ class Grader:
         """The released course of a chapter's source: built once per source text and kept
         (built in a folder of its own and moved into place, so runs side by side never see
         half of one)."""
-        import nbgrader
-
-        key = f"{nbgrader.__version__}\n{self.course_id}\n{source}"
+        key = f"{metadata.version('nbgrader')}\n{self.course_id}\n{source}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         template = self.cache / "templates" / f"{chapter}-{digest}"
         if not (template / "gradebook.db").exists():
@@ -176,12 +180,14 @@ class Grader:
             copy = time.monotonic() - copying
             stamps = scratch / "timings.json"
             for _ in range(_CRASH_RETRIES + 1):
+                (work / "scores.json").unlink(missing_ok=True)
                 started = time.time()
                 try:
                     log = nbgrader(work, ["autograde", job.chapter, "--student", job.learner,
                                           "--force"], self.limits.notebook_timeout,
-                                   self.limits, environment={TIMINGS: str(stamps),
-                                                             LANGUAGE_SETTING: job.language})
+                                   self.limits, environment={
+                                       TIMINGS: str(stamps), LANGUAGE_SETTING: job.language,
+                                       SCORES: str(work / "scores.json")})
                 except subprocess.TimeoutExpired:
                     return self._zero(job, tests,
                                       f"not graded: the notebook ran past its "
@@ -195,8 +201,7 @@ class Grader:
                                                   "segfault or an exit) in a test or given cell")
                 _neutralise(path, crashed)
             executed = work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
-            scores = _scores(f"sqlite:///{work / 'gradebook.db'}", job.chapter, job.learner,
-                             self.course_id)
+            scores = _scores(work / "scores.json")
             if scores is None or not executed.exists():
                 errors = [line for line in log.splitlines() if "ERROR" in line]
                 reason = errors[0].split("]", 1)[-1].strip() if errors else "no reason given"
@@ -316,13 +321,6 @@ def _flag(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode) -> s
     return None
 
 
-def _scores(db_url: str, chapter: str, learner: str, course_id: str
-            ) -> dict[str, float] | None:
-    from nbgrader.api import Gradebook, MissingEntry
-
-    with Gradebook(db_url, course_id) as gradebook:
-        try:
-            graded = gradebook.find_submission_notebook(chapter, chapter, learner)
-        except MissingEntry:
-            return None
-        return {g.name: g.score for g in graded.grades}
+def _scores(found: Path) -> dict[str, float] | None:
+    """Grade id -> points, as nbgrader recorded them (``autograder.nbgrader_main``)."""
+    return json.loads(found.read_text()) if found.exists() else None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from autograder import configuration
 from autograder.chapters import Chapter
-from autograder.gradebook import COURSE_ID
+from autograder.configuration import COURSE_ID
 
 
 def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:

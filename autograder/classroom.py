@@ -22,15 +22,17 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autograder.autograde import Grader, Outcome, generate
 from autograder.chapters import Chapter, NotGradable
-from autograder.feedback import write_feedback
-from autograder.gradebook import ClassGradebook
 from autograder.layouts import Found, Problem
 from autograder.report import NotebookResult
 from autograder.restore import Unmatched
 from autograder.submission import Submission, read
+
+if TYPE_CHECKING:  # a class's modules: `grade` (one learner's notebooks) loads neither
+    from autograder.gradebook import ClassGradebook
 
 # What grades the submissions: given the jobs, it yields (index, outcome or the exception that
 # made it not gradable) as each ends. A pool of threads here, or a Dask cluster.
@@ -89,6 +91,8 @@ def grade_class(run: ClassRun, found: list[Found], problems: list[Problem],
                 progress: bool = True) -> list[Submission]:
     """Grade a class (see the module's docstring); return every submission, in a stable
     order."""
+    from autograder.feedback import write_feedback
+
     entries = [Submission(f.origin, f.learner, f.chapter, f.timestamp, f.path) for f in found]
     for problem in problems:
         entry = Submission(problem.origin, problem.learner, problem.chapter, problem.timestamp)

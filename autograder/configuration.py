@@ -21,6 +21,8 @@ from pathlib import Path
 
 from autograder.arming import KERNEL_ARGUMENTS
 
+COURSE_ID = "paged-kv-course"  # nbgrader's course id, unless a class names its own
+
 # A Python warning on stderr (say, a library's DeprecationWarning) must not zero a test cell:
 # nbgrader scores any stderr output as a failure, so IgnorePattern drops these outputs first.
 WARNING_ON_STDERR = r"(?m)^.*:\d+: \w*Warning: "

@@ -21,14 +21,14 @@ from nbformat.warnings import DuplicateCellId, MissingIDFieldWarning
 from nbgrader.api import Gradebook, MissingEntry
 from sqlalchemy.exc import SAWarning
 
+from autograder.configuration import COURSE_ID
+
 # nbgrader's gradebook API trips SQLAlchemy's session warnings on reads and writes alike; they
 # say nothing to an instructor, and on stderr they would bury the error lines that matter.
 # Likewise nbformat's notices that it gave a learner's copied or id-less cells new ids. Set
 # once for the process (``catch_warnings`` is not thread-safe, and grading uses threads).
 for _quiet in (SAWarning, DuplicateCellId, MissingIDFieldWarning):
     warnings.filterwarnings("ignore", category=_quiet)
-
-COURSE_ID = "paged-kv-course"
 
 # nbgrader creates and upgrades a gradebook by running `alembic`, found on PATH: this
 # environment's bin comes first (the grader may run from an environment not activated).

@@ -96,7 +96,7 @@ def measure(command: list[str], cwd: Path, env: dict[str, str] | None = None) ->
 def compare(chapter: Chapter, repeat: int, scratch: Path) -> tuple[Cost, Cost]:
     """The median costs (ours, stock) of grading ``chapter``'s solution."""
     from autograder.classdir import write_course_dir
-    from autograder.gradebook import COURSE_ID
+    from autograder.configuration import COURSE_ID
 
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
                                                  os.environ.get("PATH", "")]))
