@@ -51,13 +51,14 @@ lab: setup
 	$(BIN)/jupyter lab --notebook-dir=. --port=$(PORT) \
 	    $(if $(filter 0,$(shell id -u)),--allow-root) exercises/01_kv_cache_sizing.ipynb
 
-# The suite runs on every core (pytest-xdist), a test file to a worker: a file's fixtures
-# (a graded batch, a built wheel, a hub) are built once.
+# The suite runs on every core (pytest-xdist), each test a unit of its own except those that
+# share a fixture built once per module (a graded class, a built wheel, a JupyterLab): those
+# run together on one worker (tests/conftest.py schedules them: --dist loadscope).
 WORKERS ?= logical
 
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
 
 lint: setup
 	$(BIN)/ruff check .

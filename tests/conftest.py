@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import subprocess
 import sys
@@ -54,3 +56,48 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when == "call":
         item.report_call = report
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown when xdist is not loaded
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope``: each test is a unit of its own, so a long file spreads over the
+    workers, except tests that share a fixture built once per module (a graded class, a built
+    wheel, a JupyterLab and its browser): those are one unit, run on one worker, so the
+    fixture is built once."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path, _, test = nodeid.partition("::")
+            return path if test.split("[")[0] in _sharing_module_fixtures(path) else nodeid
+
+    return SharedFixtureScheduling(config, log)
+
+
+@functools.cache
+def _sharing_module_fixtures(path: str) -> set[str]:
+    """The tests of a test file (read, not imported: the scheduler sees only test ids) that
+    use, directly or through other fixtures of the file, a fixture of module scope."""
+    functions = [node for node in ast.parse((REPO / path).read_text()).body
+                 if isinstance(node, ast.FunctionDef)]
+
+    def scope(function: ast.FunctionDef) -> str | None:
+        for decorator in function.decorator_list:
+            call = decorator if isinstance(decorator, ast.Call) else None
+            named = ast.unparse(call.func if call else decorator)
+            if named.endswith("fixture"):
+                given = {k.arg: k.value for k in call.keywords} if call else {}
+                return ast.literal_eval(given["scope"]) if "scope" in given else "function"
+        return None
+
+    fixtures = {f.name: f for f in functions if scope(f)}
+    shared = {name for name, f in fixtures.items() if scope(f) in ("module", "package")}
+
+    def needs(function: ast.FunctionDef, seen: frozenset = frozenset()) -> bool:
+        names = {a.arg for a in function.args.args}
+        return bool(names & shared) or any(
+            needs(fixtures[n], seen | {n}) for n in names if n in fixtures and n not in seen)
+
+    return {f.name for f in functions if f.name.startswith("test") and needs(f)}

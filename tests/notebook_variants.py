@@ -1,4 +1,5 @@
-"""Learner notebooks made from a released exercise: filled-in solutions, right or wrong.
+"""Learner notebooks made from a released exercise: filled-in solutions, right or wrong; and
+the instructor's notebook as a learner would run it.
 
 A learner writes their function into the solution cell; here the stub stays where it is and
 the new definition follows it in the same cell, the way a learner's redefinition would win.
@@ -134,3 +135,16 @@ def borrowed(exercise: Path, destination: Path, solution: Path) -> Path:
     destination.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, destination)
     return destination
+
+
+def without_hidden_tests(source: Path, target: Path) -> Path:
+    """The instructor's notebook with its hidden tests cleared, as nbgrader clears them on
+    release: what a notebook run top to bottom for its pictures, prose and visible tests
+    needs (the hidden tests are graded in tests/test_grading.py and test_zh_grading.py)."""
+    notebook = nbformat.read(source, as_version=4)
+    for cell in notebook.cells:
+        cell.source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "",
+                             cell.source, flags=re.S)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, target)
+    return target

@@ -1,10 +1,11 @@
 """The notebooks in a real browser: JupyterLab 4 on loopback, driven by Playwright on Chromium.
 
-Each test opens a notebook, runs all its cells as a learner would, and asserts on the state the
-widgets publish in their DOM (``data-*`` attributes, see course/block_animation.py) and on the
-charts plotly drew. No request may leave the machine. On failure a screenshot is saved under
-``build/browser/``; ``KV_SCREENSHOTS=DIR`` also writes the pictures the README shows (``make
-screenshots`` writes them to docs/images/).
+Each test opens a notebook (a solution with its hidden tests cleared, as on release), runs all
+its cells as a learner would, and asserts on the state the widgets publish in their DOM
+(``data-*`` attributes, see course/block_animation.py) and on the charts plotly drew. No
+request may leave the machine. On failure a screenshot is saved under ``build/browser/``;
+``KV_SCREENSHOTS=DIR`` also writes the pictures the README shows (``make screenshots`` writes
+them to docs/images/).
 
 Outside CI these tests skip, with the reason, where Chromium or Playwright is missing; in CI
 (``CI`` set) they fail instead, so they never pass by not running.
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from browser_lab import CHROMIUM_FLAGS, LOOPBACK, chromium, jupyter_lab, missing, run_all
 from conftest import CHAPTERS, REPO
+from notebook_variants import without_hidden_tests
 
 from course import block_manager, block_scenarios
 from course.block_scenarios import Frame
@@ -41,6 +43,8 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     for folder in ("solutions", "exercises"):
         shutil.copytree(REPO / folder, root / folder)
+    for solution in (root / "solutions").rglob("*.ipynb"):  # the pictures are tested here
+        without_hidden_tests(solution, solution)
     with jupyter_lab(root) as server:
         yield server
 

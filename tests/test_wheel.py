@@ -23,6 +23,7 @@ import nbformat
 import pytest
 import torch
 from conftest import CHAPTERS, REPO
+from notebook_variants import without_hidden_tests
 from run_notebooks import errors
 
 from autograder.edition import build
@@ -37,16 +38,6 @@ LEARNED = CHAPTERS[-1]  # not revealed: its answers are stubs in the edition
 def _pip(venv, *args: str) -> None:
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *args],
                    check=True, capture_output=True, text=True)
-
-
-def _without_hidden_tests(source, target) -> None:
-    """The instructor's notebook as a learner would run it: its hidden tests cleared, as
-    nbgrader clears them on release (the edition holds no hidden checks)."""
-    notebook = nbformat.read(source, as_version=4)
-    for cell in notebook.cells:
-        cell.source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "",
-                             cell.source, flags=re.S)
-    nbformat.write(notebook, target)
 
 
 def _run(python, notebooks, out, env) -> None:
@@ -71,7 +62,7 @@ def wheel_env(tmp_path_factory):
     notebooks.mkdir()
     shutil.copyfile(edition.wheel, notebooks / edition.wheel.name)
     for chapter in CHAPTERS:
-        _without_hidden_tests(chapter.source, notebooks / chapter.source.name)
+        without_hidden_tests(chapter.source, notebooks / chapter.source.name)
         shutil.copyfile(edition.root / "exercises" / chapter.source.name,
                         notebooks / f"exercise-{chapter.source.name}")
     env = {k: v for k, v in os.environ.items()

@@ -1,14 +1,14 @@
-"""The Chinese notebooks as a learner meets them: each solution runs top to bottom (charts and
-widgets included) and speaks Chinese. Graded, they are tested in tests/test_zh_grading.py;
-what they say is checked against the catalogues in tests/test_translations.py.
+"""The Chinese notebooks as a learner meets them: each solution (its hidden tests cleared, as
+on release) runs top to bottom, charts and widgets included, and speaks Chinese. Graded, hidden
+tests and all, they are tested in tests/test_zh_grading.py; what they say is checked against
+the catalogues in tests/test_translations.py.
 """
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from conftest import CHAPTERS
+from notebook_variants import without_hidden_tests
 from run_notebooks import errors, execute
 
 ZH = "zh_CN"
@@ -16,8 +16,7 @@ ZH = "zh_CN"
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_a_chinese_solution_runs_top_to_bottom_in_chinese(chapter, tmp_path):
-    path = tmp_path / chapter.source.name
-    shutil.copyfile(chapter.source_in(ZH), path)
+    path = without_hidden_tests(chapter.source_in(ZH), tmp_path / chapter.source.name)
     notebook = execute(path, tmp_path)
     assert errors(notebook) == {}
     setup = next(c for c in notebook.cells if c.cell_type == "code")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import math
 import numbers
 import os
 import shutil
 import tempfile
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from autograder.hints import in_language
@@ -138,14 +140,32 @@ def expect_raises(
 
 def _settings(max_examples: int, **extra: Any) -> Any:
     """Derandomized (the same cases every run, so a grade never changes), no example database
-    (nothing is written next to the notebook), one report: the shrunk, smallest failure."""
-    from hypothesis import HealthCheck, settings
+    (nothing is written next to the notebook), one report: the shrunk, smallest failure
+    (found, not shrunk, within ``verdict_only``)."""
+    from hypothesis import HealthCheck, Phase, settings
 
     _keep_hypothesis_files_away()
-
+    if not _SHRINKING.get():
+        extra["phases"] = [p for p in Phase if p not in (Phase.shrink, Phase.explain)]
     return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
                     print_blob=False, report_multiple_bugs=False,
                     suppress_health_check=list(HealthCheck), **extra)
+
+
+_SHRINKING = contextvars.ContextVar("shrinking", default=True)
+
+
+@contextlib.contextmanager
+def verdict_only() -> Iterator[None]:
+    """Within: a check built on hypothesis that fails, fails on the case it first found,
+    without shrinking it to the smallest (which takes most of a failing run's time). For runs
+    whose failure's words nobody reads, only whether they fail: the same cases are tried, so
+    the verdict is the same."""
+    shrinking = _SHRINKING.set(False)
+    try:
+        yield
+    finally:
+        _SHRINKING.reset(shrinking)
 
 
 def _keep_hypothesis_files_away() -> None:
