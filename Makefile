@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 PORT ?= 8888
 
-.PHONY: setup lab test lint exercises screenshots bench bench-kernels bench-grading gpu-check \
+.PHONY: setup lab test check lint exercises screenshots bench bench-kernels bench-grading gpu-check \
         doctor wheel hub clean
 
 # The environment is (re)built when the dependency lists in pyproject.toml change, not when
@@ -59,6 +59,17 @@ WORKERS ?= logical
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope
+
+# The quick tier, for the edit-test loop (a few minutes): lint, the tests that run no whole
+# notebook, no browser and no hub, then chapter 1 through the whole grading pipeline in
+# English and Chinese. `make test` runs everything (CI).
+QUICK := not pipeline and not notebook and not browser and not hub
+
+check: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m "$(QUICK)"
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -k 01_kv_cache_sizing \
+	    tests/test_grading.py tests/test_zh_grading.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -14,6 +14,7 @@ from run_notebooks import errors, execute
 ZH = "zh_CN"
 
 
+@pytest.mark.notebook
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_a_chinese_solution_runs_top_to_bottom_in_chinese(chapter, tmp_path):
     path = without_hidden_tests(chapter.source_in(ZH), tmp_path / chapter.source.name)
