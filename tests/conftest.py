@@ -29,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: alternatives, 
 from autograder.chapters import chapters  # noqa: E402
 
 CHAPTERS = list(chapters().values())
+# The chapter a class is learning in tests/test_wheel.py: its edition reveals every other
+# chapter's answers and holds stubs of this one's.
+LEARNED = CHAPTERS[-1]
 
 
 def grade(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
