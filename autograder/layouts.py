@@ -2,30 +2,46 @@
 
 A learner's id is read from where the file sits, character for character, never guessed by a
 pattern: a chapter's slug (``01_kv_cache_sizing``) is matched as a known suffix of a name, and
-whatever stands before it is the learner's. Three layouts, found at any depth of the folder
+whatever stands before it is the learner's. These layouts, found at any depth of the folder
 or zip (so a zip that wraps everything in one top-level folder reads the same):
 
     <anything>/<learner>/<NN_slug>/<any>.ipynb    nbgrader's submitted/ (timestamp.txt beside it)
+    <name>_[LATE_]<userid>_<upload id>_<file>     Canvas's download: the learner is <userid>
+    <Full Name>_<id>_assignsubmission_file_/<file>  Moodle's download: the learner is <id>
     <anything>/<learner>_<NN_slug>.ipynb          a platform's flat download ("-" works too)
     <anything>/<learner>/<NN_slug>.ipynb          one folder per learner
+
+Canvas and Moodle name a learner by the platform's stable id, whatever the upload (Canvas's
+names are read so when every loose file of the download has their form): a late
+upload (``LATE_``) or a renamed second one (``01_kv_cache_sizing-1.ipynb``) is the same
+learner's chapter. A roster (``roster``: the platform's id -> the class's learner id) maps
+those ids, or a flat name's learner part, to the ids the class grades under; with a roster,
+a file whose id is not on it is a problem, never a new learner.
 
 A folder that is an nbgrader course directory (it holds ``submitted/`` beside ``source/`` or
 ``nbgrader_config.py``) is read from its ``submitted/`` only, never from ``source/``,
 ``release/``, ``autograded/`` or ``feedback/``.
 
-Two files for the same learner and chapter, and files whose path names no learner or no
-chapter, are problems: each gets a line naming its file, and none is graded silently.
+Two files for the same learner and chapter, files whose path names no learner or no chapter,
+and a hand-in folder with no notebook in it are problems: each gets a line naming its file,
+and none is graded silently. In a hand-in folder (``<learner>/<NN_slug>/``) the chapter's own
+notebook, ``NN_slug.ipynb``, is the one graded, as nbgrader grades it; any other notebook
+there (an ``Untitled.ipynb`` that ``nbgrader submit`` copied along) is listed as ignored.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import re
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 SEPARATORS = ("_", "-")
+CANVAS = re.compile(r"^[a-z]+_(?:LATE_)?(?P<learner>\d+)_\d+_(?P<file>.+\.ipynb)$")
+MOODLE = re.compile(r"^.+_(?P<learner>\d+)_assign(?:submission|feedback)_\w+_?$")
 
 
 @dataclass
@@ -48,6 +64,7 @@ class Problem:
     learner: str = ""
     chapter: str = ""
     timestamp: dt.datetime | None = None
+    ignored: bool = False  # not a problem: a file nbgrader would skip too (a warning)
 
 
 def split_name(file_name: str, slugs: Iterable[str]) -> tuple[str, str] | None:
@@ -77,12 +94,13 @@ def course_directory(folder: Path) -> Path | None:
     return None
 
 
-def collect(folder: Path, slugs: Iterable[str], origin_of=None,
-            time_of=None) -> tuple[list[Found], list[Problem]]:
+def collect(folder: Path, slugs: Iterable[str], origin_of=None, time_of=None,
+            roster: dict[str, str] | None = None) -> tuple[list[Found], list[Problem]]:
     """Every submission under ``folder``, in a stable order, and the problems found.
 
     ``origin_of(path)`` names a file in reports (default: its path); ``time_of(path)`` is
-    when it was handed in, where no ``timestamp.txt`` says (default: its modification time).
+    when it was handed in, where no ``timestamp.txt`` says (default: its modification time);
+    ``roster`` maps the ids the files name to the class's learner ids.
     """
     slugs = list(slugs)
     origin_of = origin_of or str
@@ -91,15 +109,27 @@ def collect(folder: Path, slugs: Iterable[str], origin_of=None,
     root = course / "submitted" if course is not None else folder
     found: list[Found] = []
     problems: list[Problem] = []
-    for path in sorted(root.rglob("*.ipynb")):
+    if course is not None:
+        problems += _empty_hand_ins(root, slugs)
+    paths = [path for path in sorted(root.rglob("*.ipynb")) if not any(
+        part.startswith(".") for part in path.relative_to(root).parts)]  # not checkpoints
+    loose = [path.name for path in paths if not _in_a_folder_layout(
+        path.relative_to(root).parts, slugs)]
+    canvas = bool(loose) and all(CANVAS.match(name) for name in loose)
+    for path in paths:
         parts = path.relative_to(root).parts
-        if any(part.startswith(".") for part in parts):
-            continue  # .ipynb_checkpoints and the like
-        located = _locate(parts, slugs)
+        located = _locate(parts, slugs, canvas)
         if isinstance(located, str):
             problems.append(Problem(origin_of(path), located))
             continue
         learner, chapter = located
+        if roster is not None:
+            if learner not in roster:
+                problems.append(Problem(origin_of(path), f"{learner!r} is not on the class's "
+                                        "roster: not graded (add them to the roster, or hand "
+                                        "the file back)", chapter=chapter))
+                continue
+            learner = roster[learner]
         stamp = _nbgrader_timestamp(path.parent) if len(parts) >= 3 and \
             parts[-2] == chapter else None
         found.append(Found(path, origin_of(path), learner, chapter,
@@ -107,10 +137,27 @@ def collect(folder: Path, slugs: Iterable[str], origin_of=None,
     return _without_duplicates(found, problems)
 
 
-def _locate(parts: tuple[str, ...], slugs: list[str]) -> tuple[str, str] | str:
-    """(learner, chapter) from a path relative to the class folder, or why not."""
+def _in_a_folder_layout(parts: tuple[str, ...], slugs: list[str]) -> bool:
+    """Whether a file sits in nbgrader's hand-in folder or a Moodle submission folder."""
+    return (len(parts) >= 3 and parts[-2] in slugs) or any(map(MOODLE.match, parts[:-1]))
+
+
+def _locate(parts: tuple[str, ...], slugs: list[str], canvas_names: bool = False
+            ) -> tuple[str, str] | str:
+    """(learner, chapter) from a path relative to the class folder, or why not. Names are
+    read as Canvas's (``canvas_names``) only when every loose file of the download has
+    Canvas's form: a class's own ``<learner>_<NN_slug>`` names are never reread."""
     if len(parts) >= 3 and parts[-2] in slugs:
         return parts[-3], parts[-2]
+    canvas = CANVAS.match(parts[-1]) if canvas_names else None
+    moodle = next((m for m in map(MOODLE.match, parts[:-1]) if m), None)
+    if canvas or moodle:
+        platform = canvas or moodle
+        named = split_name(canvas["file"] if canvas else parts[-1], slugs)
+        chapter = named[1] if named else _near_match(canvas["file"] if canvas else parts[-1],
+                                                     slugs, contained_only=True)
+        if chapter:
+            return platform["learner"], chapter
     named = split_name(parts[-1], slugs)
     if named is not None and named[0]:
         return named
@@ -119,9 +166,42 @@ def _locate(parts: tuple[str, ...], slugs: list[str]) -> tuple[str, str] | str:
     if named is not None:
         return (f"{parts[-1]} names its chapter but no learner: put it in a folder named after "
                 "the learner, or name it <learner>_<NN_slug>.ipynb")
+    near = _near_match(parts[-1], slugs)
+    if near:
+        return (f"{'/'.join(parts)} names no chapter exactly: did you mean {near}? (expected "
+                f"<learner>_{near}.ipynb, <learner>/{near}.ipynb or "
+                f"<learner>/{near}/{near}.ipynb)")
     return (f"{'/'.join(parts)} names no chapter: expected <learner>/<NN_slug>.ipynb, "
             f"<learner>_<NN_slug>.ipynb or <learner>/<NN_slug>/<NN_slug>.ipynb, with NN_slug "
             f"one of {', '.join(slugs)}")
+
+
+def _near_match(file_name: str, slugs: list[str], contained_only: bool = False) -> str | None:
+    """The chapter a misnamed file most likely is: one whose slug the name contains (say
+    ``erin_01_kv_cache_sizing-1.ipynb``, a platform's second upload), else the closest."""
+    import difflib
+
+    stem = file_name.removesuffix(".ipynb")
+    inside = [slug for slug in slugs if slug in stem]
+    if inside or contained_only:
+        return max(inside, key=len, default=None)
+    close = difflib.get_close_matches(stem[-max(map(len, slugs)):], slugs, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _empty_hand_ins(root: Path, slugs: list[str]) -> list[Problem]:
+    """A problem for each ``<learner>/<NN_slug>/`` folder of nbgrader's ``submitted/`` that
+    holds no notebook (nbgrader's autograde would stop on it)."""
+    empty = []
+    for folder in sorted(root.glob("*/*/")):
+        if folder.name in slugs and not folder.parent.name.startswith(".") and \
+                not any(folder.rglob("*.ipynb")):
+            held = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
+            empty.append(Problem(
+                str(folder), f"this hand-in holds no notebook ({held}): hand in "
+                f"{folder.name}.ipynb", folder.parent.name, folder.name,
+                _nbgrader_timestamp(folder) or _modified(folder)))
+    return empty
 
 
 def _without_duplicates(found: list[Found], problems: list[Problem]
@@ -134,6 +214,17 @@ def _without_duplicates(found: list[Found], problems: list[Problem]
         if len(group) == 1:
             kept.append(group[0])
             continue
+        own = [s for s in group if s.path.name == f"{chapter}.ipynb" and
+               s.path.parent.name == chapter]
+        if len(own) == 1:  # a hand-in folder: nbgrader grades the chapter's own notebook
+            kept.append(own[0])
+            for other in group:
+                if other is not own[0]:
+                    problems.append(Problem(
+                        other.origin, f"ignored, as nbgrader ignores it: {chapter}.ipynb "
+                        f"beside it is the notebook graded", learner, chapter,
+                        other.timestamp, ignored=True))
+            continue
         names = " and ".join(s.origin for s in group)
         for submission in group:
             problems.append(Problem(
@@ -141,6 +232,21 @@ def _without_duplicates(found: list[Found], problems: list[Problem]
                 "none of them was graded: keep one and grade again", learner, chapter,
                 submission.timestamp))
     return kept, problems
+
+
+def read_roster(path: Path) -> dict[str, str]:
+    """A roster CSV: the id files name -> the class's learner id. Columns ``platform_id``
+    and ``student_id``, or a Canvas gradebook export's ``ID`` (its user id, in download names)
+    and ``SIS Login ID``. Raises ValueError saying which columns it needs."""
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        rows = list(csv.DictReader(handle))
+    columns = set(rows[0]) if rows else set()
+    for key, learner in (("platform_id", "student_id"), ("ID", "SIS Login ID")):
+        if {key, learner} <= columns:
+            return {row[key].strip(): row[learner].strip() for row in rows
+                    if row[key].strip() and row[learner].strip()}
+    raise ValueError(f"{path}: a roster needs the columns platform_id and student_id (or a "
+                     f"Canvas export's ID and SIS Login ID); it has {', '.join(sorted(columns))}")
 
 
 def _nbgrader_timestamp(folder: Path) -> dt.datetime | None:

@@ -143,3 +143,87 @@ def test_nbgrader_timestamps_are_read_and_the_course_directory_is_found(tmp_path
     assert problems == [] and [s.learner for s in found] == ["ada", "bo"]
     assert found[0].timestamp == dt.datetime(2026, 12, 1, 9, 30)
     assert found[1].timestamp is not None  # no timestamp.txt: the file's modification time
+
+
+def test_the_chapters_own_notebook_wins_in_a_hand_in_folder_and_a_stray_one_is_ignored(
+        tmp_path):
+    course = _layout_folder(tmp_path / "course", "nbgrader-course-directory", ["ada"])
+    stray = _write(course / "submitted" / "ada" / FIRST / "Untitled.ipynb")
+    found, problems = collect(course, SLUGS)
+    assert [(s.learner, s.chapter, s.path.name) for s in found] == \
+        [("ada", FIRST, f"{FIRST}.ipynb")]
+    assert [(p.origin, p.ignored) for p in problems] == [(str(stray), True)]
+    assert f"{FIRST}.ipynb" in problems[0].message
+
+
+def test_a_hand_in_folder_without_a_notebook_is_a_problem_not_a_silence(tmp_path):
+    course = _layout_folder(tmp_path / "course", "nbgrader-course-directory", ["ada"])
+    empty = course / "submitted" / "bo" / FIRST
+    _write(empty / "timestamp.txt", "2026-12-01 09:30:00.000000 UTC")
+    found, problems = collect(course, SLUGS)
+    assert [s.learner for s in found] == ["ada"]
+    assert [(p.learner, p.chapter, p.ignored) for p in problems] == [("bo", FIRST, False)]
+    assert "no notebook" in problems[0].message and "timestamp.txt" in problems[0].message
+    assert problems[0].timestamp == dt.datetime(2026, 12, 1, 9, 30)
+
+
+@pytest.mark.parametrize(("name", "near"), [
+    (f"erin_{FIRST}-1.ipynb", FIRST), (f"erin_{FIRST[:-1]}.ipynb", FIRST),
+    ("erin_homework.ipynb", None)], ids=["a-second-upload", "a-typo", "nothing-near"])
+def test_a_near_miss_name_names_its_near_match(name, near, tmp_path):
+    _write(tmp_path / name)
+    _, problems = collect(tmp_path, SLUGS)
+    assert len(problems) == 1
+    if near:
+        assert f"did you mean {near}?" in problems[0].message
+        assert not any(slug in problems[0].message for slug in SLUGS if slug != near)
+    else:
+        assert "did you mean" not in problems[0].message
+
+
+def test_canvas_downloads_name_one_learner_by_their_user_id_late_or_renamed(tmp_path):
+    first = tmp_path / "download-1"
+    _write(first / f"lovelaceada_4242_901_{FIRST}.ipynb")
+    _write(first / f"hopperg_5150_902_{SECOND}.ipynb")
+    later = tmp_path / "download-2"
+    _write(later / f"lovelaceada_LATE_4242_977_{FIRST}-1.ipynb")
+    assert {(s.learner, s.chapter) for s in collect(first, SLUGS)[0]} == \
+        {("4242", FIRST), ("5150", SECOND)}
+    assert [(s.learner, s.chapter) for s in collect(later, SLUGS)[0]] == [("4242", FIRST)]
+    # a class's own flat names beside them are not Canvas's: none is reread
+    _write(first / f"s_1234_5678_{FIRST}.ipynb".replace("s_", "S_"))
+    assert {s.learner for s in collect(first, SLUGS)[0]} == \
+        {"lovelaceada_4242_901", "hopperg_5150_902", "S_1234_5678"}
+
+
+def test_a_moodle_download_names_the_learner_by_their_participant_id(tmp_path):
+    _write(tmp_path / "Ada Lovelace_55555_assignsubmission_file_" / f"{FIRST}.ipynb")
+    _write(tmp_path / "Grace Hopper_55556_assignsubmission_file_" / f"{FIRST}-1.ipynb")
+    found, problems = collect(tmp_path, SLUGS)
+    assert problems == []
+    assert [(s.learner, s.chapter) for s in found] == [("55555", FIRST), ("55556", FIRST)]
+
+
+@pytest.mark.parametrize("columns", [("platform_id", "student_id"), ("ID", "SIS Login ID")],
+                         ids=["course-roster", "canvas-gradebook-export"])
+def test_a_roster_maps_ids_and_a_file_off_it_is_never_a_new_learner(columns, tmp_path):
+    from autograder.layouts import read_roster
+
+    roster = tmp_path / "roster.csv"
+    roster.write_text(f"Student,{columns[0]},{columns[1]}\nAda,4242,ada.l\n")
+    uploads = tmp_path / "uploads"
+    _write(uploads / f"lovelaceada_4242_901_{FIRST}.ipynb")
+    _write(uploads / f"hopperg_5150_902_{FIRST}.ipynb")
+    found, problems = collect(uploads, SLUGS, roster=read_roster(roster))
+    assert [(s.learner, s.chapter) for s in found] == [("ada.l", FIRST)]
+    assert len(problems) == 1 and "'5150' is not on the class's roster" in problems[0].message
+    assert problems[0].learner == ""
+
+
+def test_a_roster_without_the_columns_it_needs_says_which(tmp_path):
+    from autograder.layouts import read_roster
+
+    roster = tmp_path / "roster.csv"
+    roster.write_text("name,email\nAda,a@x\n")
+    with pytest.raises(ValueError, match="platform_id and student_id"):
+        read_roster(roster)
