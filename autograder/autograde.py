@@ -25,6 +25,7 @@ learner wrote that reach for the grader, and such a notebook scores zero.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import hashlib
@@ -47,7 +48,7 @@ from autograder.chapters import NotGradable
 from autograder.configuration import COURSE_ID
 from autograder.guard import suspicious_code
 from autograder.nbgrader_main import SCORES
-from autograder.report import NotebookResult, result_of
+from autograder.report import NOT_GRADED, NotebookResult, result_of
 from autograder.restore import rebuild
 from autograder.sandbox import Limits, run
 from course.language import ENGLISH
@@ -161,7 +162,8 @@ class Grader:
         flagged = _flag(rebuilt.notebook, released)
         if flagged:
             return self._zero(job, tests, f"not graded: a cell of this notebook reaches for "
-                                          f"the grader ({flagged!r}); remove it and resubmit")
+                                          f"the grader ({flagged!r}); remove it and resubmit",
+                              rebuilt.notebook)
         copying = time.monotonic()
         work = Path(tempfile.mkdtemp(prefix="kv-course-learner-"))
         # the kernel's own folder, the one besides its working folder that the sandbox lets
@@ -192,19 +194,22 @@ class Grader:
                     return self._zero(job, tests,
                                       f"not graded: the notebook ran past its "
                                       f"{self.limits.notebook_timeout} s limit (look for an "
-                                      "endless loop or a very slow cell)")
+                                      "endless loop or a very slow cell)", rebuilt.notebook)
                 if "Kernel died" not in log:
                     break
                 crashed = self._crashing_cell(path, scratch)
                 if crashed is None:
                     return self._zero(job, tests, "not graded: the Python kernel crashed (a "
-                                                  "segfault or an exit) in a test or given cell")
+                                                  "segfault or an exit) in a test or given cell",
+                                      rebuilt.notebook)
                 _neutralise(path, crashed)
             executed = work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
             scores = _scores(work / "scores.json")
             if scores is None or not executed.exists():
                 errors = [line for line in log.splitlines() if "ERROR" in line]
-                reason = errors[0].split("]", 1)[-1].strip() if errors else "no reason given"
+                said = [line.strip() for line in log.splitlines() if line.strip()]
+                reason = errors[0].split("]", 1)[-1].strip() if errors else \
+                    " / ".join(said[-3:]) or "it wrote nothing"
                 raise NotGradable(f"nbgrader could not grade it ({reason})")
             ended = time.time()
             notebook = nbformat.read(executed, as_version=4)
@@ -215,9 +220,13 @@ class Grader:
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _zero(self, job: Job, tests: list[tuple[str, float]], reason: str) -> Outcome:
+    def _zero(self, job: Job, tests: list[tuple[str, float]], reason: str,
+              notebook: nbformat.NotebookNode) -> Outcome:
+        """Zero for every test, and the notebook as nbgrader should record it: not run, each
+        test cell failing with ``reason`` (so nbgrader scores it zero, and the feedback page
+        says why)."""
         return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
-                                 {}, None, reason, job.language))
+                                 {}, None, reason, job.language), _not_run(notebook, reason))
 
     def _crashing_cell(self, notebook: Path, scratch: Path) -> int | None:
         """The index of the learner's cell that kills the kernel, found by running a copy of
@@ -240,6 +249,20 @@ class Grader:
         cell = nbformat.read(notebook, as_version=4).cells[found]
         meta = cell.metadata.get("nbgrader", {})
         return None if meta.get("grade") or meta.get("locked") else found
+
+
+def _not_run(notebook: nbformat.NotebookNode, reason: str) -> nbformat.NotebookNode:
+    """``notebook`` without outputs, every test cell's one output an error saying ``reason``."""
+    marked = nbformat.from_dict(copy.deepcopy(notebook))
+    for cell in marked.cells:
+        if cell.cell_type != "code":
+            continue
+        cell.execution_count = None
+        cell.outputs = []
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            cell.outputs = [nbformat.v4.new_output("error", ename=NOT_GRADED, evalue=reason,
+                                                   traceback=[])]
+    return marked
 
 
 def _test_cells(source: str) -> list[tuple[str, float]]:

@@ -1,38 +1,42 @@
-"""Grading a whole class into its gradebook: every submission found gets exactly one row.
+"""Grading a whole class into its nbgrader course directory: every hand-in found gets exactly
+one row, and the course directory ends as nbgrader's own ``autograde`` would leave it.
 
-    found (``layouts.collect``) -> read and recognised (``submission.read``) -> graded
-    (``autograde``, by a pool of threads or a Dask cluster), or reused when its content is
-    unchanged since it was graded -> gradebook -> CSV, JSON, feedback pages
+    found (``layouts.collect``) -> read and recognised (``submission.read``) -> staged in
+    ``submitted/`` (``recording.ClassCourse.stage``) -> graded (``autograde``, by a pool of
+    threads or a Dask cluster), or reused when neither it nor what grades it changed ->
+    recorded by nbgrader (``recording``: gradebook, late penalty, ``autograded/``, feedback
+    page) -> CSV (``nbgrader export``'s rows), JSON
 
-A submission is keyed by (learner, chapter). A file that cannot be graded (damaged, two files
-for one learner and chapter, a path that names no learner, a notebook whose content is
-another chapter than its name says) is not graded, keeps whatever grade the gradebook held,
-and gets a row, a JSON entry, a feedback page where the learner is known, and an error line.
-Only this process writes the gradebook, the state file and the feedback pages.
+A hand-in is keyed by (learner, chapter). One that cannot be graded (damaged, two files for
+one learner and chapter, a path that names no learner, a notebook whose content is another
+chapter than its name says) is not graded, keeps whatever grade the gradebook held, and gets
+a row, a JSON entry, an error line, and a page where the learner has none yet. A notebook
+beside the chapter's own in a hand-in folder is ignored, as nbgrader ignores it, with a row
+that says so. Only this process writes the course directory and the state file.
 """
 
 from __future__ import annotations
 
 import csv
-import datetime as dt
+import hashlib
 import json
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autograder.autograde import Grader, Outcome, generate
+from autograder.autograde import Grader, Outcome
 from autograder.chapters import Chapter, NotGradable
 from autograder.layouts import Found, Problem
 from autograder.report import NotebookResult
 from autograder.restore import Unmatched
+from autograder.sandbox import end_all
 from autograder.submission import Submission, read
 
-if TYPE_CHECKING:  # a class's modules: `grade` (one learner's notebooks) loads neither
-    from autograder.gradebook import ClassGradebook
+if TYPE_CHECKING:  # a class's modules: `grade` (one learner's notebooks) loads none
+    from autograder.recording import ClassCourse
 
 # What grades the submissions: given the jobs, it yields (index, outcome or the exception that
 # made it not gradable) as each ends. A pool of threads here, or a Dask cluster.
@@ -43,7 +47,8 @@ def threads(jobs: int) -> Runner:
     """Grade ``jobs`` submissions at a time in this process's threads."""
 
     def run(grader: Grader, work: list) -> Iterator[tuple[int, Outcome | Exception]]:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        try:
             futures = {pool.submit(grader.autograde, job): index
                        for index, job in enumerate(work)}
             for future in as_completed(futures):
@@ -51,6 +56,9 @@ def threads(jobs: int) -> Runner:
                     yield futures[future], future.result()
                 except (NotGradable, Unmatched) as exc:
                     yield futures[future], exc
+        finally:  # stopped early (Ctrl-C): nothing more starts, and what runs is ended now
+            pool.shutdown(wait=False, cancel_futures=True)
+            end_all()
 
     return run
 
@@ -75,85 +83,110 @@ def grade(submissions: list[Submission], grader: Grader, runner: Runner,
 
 @dataclass
 class ClassRun:
-    """Where a class is graded from and into."""
+    """Where a class is graded from and into: its course directory (``course``), the files
+    the run writes, and whether every hand-in is graded again (``regrade``)."""
 
-    book: ClassGradebook
+    course: ClassCourse
     grader: Grader
     known: dict[str, Chapter]
     state: Path
     csv: Path
-    feedback: Path
     runner: Runner
     json: Path | None = None
+    regrade: bool = False
 
 
 def grade_class(run: ClassRun, found: list[Found], problems: list[Problem],
                 progress: bool = True) -> list[Submission]:
     """Grade a class (see the module's docstring); return every submission, in a stable
-    order."""
-    from autograder.feedback import write_feedback
+    order. Stopped (Ctrl-C, or the gradebook written by another program), it still writes
+    the CSV and JSON of what it did, then raises."""
+    from autograder.recording import NotRecorded
 
     entries = [Submission(f.origin, f.learner, f.chapter, f.timestamp, f.path) for f in found]
     for problem in problems:
         entry = Submission(problem.origin, problem.learner, problem.chapter, problem.timestamp)
         entry.refuse(problem.message)
+        entry.ignored = problem.ignored
         entries.append(entry)
     read(entries, run.known)
+    course = run.course
+    for chapter in {e.target.name: e.target for e in entries if e.target}.values():
+        course.register(chapter.name)
     state = _load_state(run.state)
     for entry in entries:
+        if entry.target is None:
+            continue
+        course.stage(entry.path, entry.learner, entry.chapter, entry.timestamp)
+        entry.graded_by = graded_by(entry)
         before = state.get(_key(entry))
-        if entry.result is None and before and before["sha256"] == entry.digest:
+        if not run.regrade and before and before["sha256"] == entry.digest and \
+                before.get("graded_by") == entry.graded_by and \
+                course.autograded(entry.learner, entry.chapter).exists():
             entry.result = NotebookResult.from_json(before["result"])
             entry.result.notebook, entry.result.timestamp = entry.origin, entry.when
             entry.reused = True
-    for chapter in {e.target.name: e.target for e in entries if e.target}.values():
-        if not run.book.is_registered(chapter.name):
-            with tempfile.TemporaryDirectory(prefix="kv-course-register-") as scratch:
-                generate(Path(scratch), chapter.name,
-                         chapter.source.read_text(encoding="utf-8"), run.book.db_url,
-                         run.grader.limits, run.grader.course_id)
-    for entry in entries:  # a resubmission's new time is recorded even when not regraded
-        if entry.reused:
-            _record(run.book, entry)
-    todo = sum(e.result is None and e.target is not None for e in entries)
+            if before.get("timestamp") != entry.when:  # handed in again: its penalty may change
+                course.rerecord(entry.learner, entry.chapter)
+                _remember(state, entry, run.state)
+        elif before and before["sha256"] == entry.digest:
+            entry.regraded = True  # the same file, graded again: its chapter's tests changed
     done = [0]
+    todo = sum(e.result is None and e.target is not None for e in entries)
 
     def on_result(entry: Submission) -> None:
         if entry.result.graded:
-            _record(run.book, entry)
-            state[_key(entry)] = {"sha256": entry.digest, "result": entry.result.to_json()}
-            _save_state(run.state, state)
-            if entry.executed is not None:
-                write_feedback(entry.executed, entry.result,
-                               feedback_page(run.feedback, entry.learner, entry.chapter))
+            try:
+                course.record(entry.learner, entry.chapter, entry.executed)
+            except NotRecorded as exc:
+                entry.refuse(f"nbgrader could not record its grade ({exc})")
+            else:
+                _remember(state, entry, run.state)
         done[0] += 1
         if progress:
             _progress(done[0], todo, entry)
 
-    grade(entries, run.grader, run.runner, on_result)
-    for entry in entries:
-        if not entry.result.graded:
-            if entry.learner:
-                run.book.add_learner(entry.learner)
-                if entry.chapter:
-                    _refusal_page(entry, feedback_page(run.feedback, entry.learner,
-                                                       entry.chapter))
-    write_csv(run.csv, run.book, entries)
-    if run.json:
-        run.json.write_text(json.dumps([e.result.to_json() for e in entries], indent=2) + "\n",
-                            encoding="utf-8")
+    try:
+        grade(entries, run.grader, run.runner, on_result)
+    finally:
+        for entry in entries:
+            if entry.result is None:
+                entry.refuse("not graded: grading stopped before it was")
+            elif not entry.result.graded and entry.learner and not entry.ignored:
+                course.add_learner(entry.learner)
+                page = course.feedback(entry.learner, entry.chapter) if entry.chapter else None
+                if page is not None and not page.exists():  # never over a page nbgrader wrote
+                    _refusal_page(entry, page)
+        write_csv(run.csv, course, entries)
+        if run.json:
+            run.json.write_text(json.dumps([e.to_json() for e in entries], indent=2) + "\n",
+                                encoding="utf-8")
     return entries
 
 
-def feedback_page(folder: Path, learner: str, chapter: str) -> Path:
-    """Where a learner's page goes: nbgrader's own layout, so ``nbgrader release_feedback``
-    hands it out through the exchange."""
-    return folder / learner / chapter / f"{chapter}.html"
+def graded_by(entry: Submission) -> str:
+    """What a grade depends on besides the hand-in: the chapter's source (the class's own, in
+    the notebook's language), the checks of the chapter and those all chapters share, and
+    nbgrader's version. A change to any of them grades the chapter's hand-ins again."""
+    from importlib import metadata
+
+    package = Path(__file__).parent
+    number = entry.target.number
+    code = [path for folder in ("checks", "hidden") for path in
+            sorted((package / folder).glob("*.py"))
+            if path.name.startswith(("_", f"ch{number}"))]
+    code += [package / "guard.py", package / "arming.py"]
+    digest = hashlib.sha256(metadata.version("nbgrader").encode())
+    digest.update(entry.target.source_in(entry.language).read_bytes())
+    for path in code:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
-def _record(book: ClassGradebook, entry: Submission) -> None:
-    book.record(entry.learner, entry.chapter, {t.id: t.points for t in entry.result.tests},
-                entry.timestamp)
+def _remember(state: dict, entry: Submission, path: Path) -> None:
+    state[_key(entry)] = {"sha256": entry.digest, "graded_by": entry.graded_by,
+                          "timestamp": entry.when, "result": entry.result.to_json()}
+    _save_state(path, state)
 
 
 def _key(entry: Submission) -> str:
@@ -172,30 +205,32 @@ def _save_state(path: Path, state: dict) -> None:
     path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _iso(stamp: dt.datetime | None) -> str:  # the gradebook's times
-    return stamp.isoformat(sep=" ") if stamp else ""
+COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name",
+           "email", "raw_score", "late_submission_penalty", "score", "max_score"]
 
 
-def write_csv(destination: Path, book: ClassGradebook, entries: list[Submission]) -> None:
-    """Every grade in the gradebook, then every file of this run that was not graded.
+def write_csv(destination: Path, course: ClassCourse, entries: list[Submission]) -> None:
+    """``nbgrader export``'s rows (every learner for every chapter the gradebook holds), then
+    a row for every file of this run not graded.
 
-    Columns: student_id, assignment, timestamp, score, max_score (as ``nbgrader export``
-    names them), then status, file and message."""
+    Columns: ``nbgrader export``'s, then status (graded, regraded, unchanged, graded
+    earlier, not submitted, not graded, ignored), file and message."""
     this_run = {(e.learner, e.chapter): e for e in entries if e.result.graded}
     with open(destination, "w", newline="", encoding="utf-8") as handle:
         out = csv.writer(handle)
-        out.writerow(["student_id", "assignment", "timestamp", "score", "max_score",
-                      "status", "file", "message"])
-        for row in book.rows():
-            entry = this_run.get((row.learner, row.chapter))
-            status = "graded earlier" if entry is None else \
-                "unchanged" if entry.reused else "graded"
-            out.writerow([row.learner, row.chapter, _iso(row.timestamp), f"{row.score:g}",
-                          f"{row.max_score:g}", status, entry.origin if entry else "", ""])
+        out.writerow([*COLUMNS, "status", "file", "message"])
+        for row in course.export():
+            entry = this_run.get((row["student_id"], row["assignment"]))
+            status = entry.status if entry else \
+                "graded earlier" if row["timestamp"] else "not submitted"
+            out.writerow([row[c] for c in COLUMNS] +
+                         [status, entry.origin if entry else "", ""])
         for entry in entries:
             if not entry.result.graded:
-                out.writerow([entry.learner, entry.chapter, entry.when, "", "",
-                              "not graded", entry.origin, entry.result.error])
+                out.writerow(["" if c not in ("assignment", "timestamp", "student_id") else
+                              {"assignment": entry.chapter, "timestamp": entry.when,
+                               "student_id": entry.learner}[c] for c in COLUMNS] +
+                             [entry.status, entry.origin, entry.result.error])
 
 
 def _refusal_page(entry: Submission, destination: Path) -> None:
@@ -205,8 +240,14 @@ def _refusal_page(entry: Submission, destination: Path) -> None:
     destination.write_text(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(entry.chapter)}"
         f"</title></head><body><h2>{html.escape(entry.chapter)}: not graded</h2>"
-        f"<p>{html.escape(entry.origin)}</p><p>{html.escape(entry.result.error)}</p>"
+        f"<p>{html.escape(_shown(entry.origin))}</p><p>{html.escape(entry.result.error)}</p>"
         "</body></html>\n", encoding="utf-8")
+
+
+def _shown(origin: str) -> str:
+    """A file as a learner's page names it: a zip's entry, or the file's name, never the
+    server's folders."""
+    return origin if ".zip:" in origin else Path(origin).name
 
 
 def _progress(done: int, total: int, entry: Submission) -> None:

@@ -2,7 +2,8 @@
 
     python -m autograder grade NOTEBOOK... [--json FILE] [--jobs N] [--sandbox auto|on|off]
     python -m autograder grade-all DIR|ZIP [--course-dir DIR] [--db URL] [--csv FILE]
-                                   [--json FILE] [--jobs N] [--feedback DIR] [--state FILE]
+                                   [--json FILE] [--jobs N] [--state FILE] [--regrade]
+                                   [--roster FILE]
                                    [--sandbox auto|on|off] [--dask ADDRESS|local:N]
     python -m autograder course-dir DIR [--chapters 1-3] [--course-id ID] [--exchange DIR]
     python -m autograder release
@@ -12,11 +13,13 @@
 ``grade-all`` takes nbgrader's ``submitted/`` folder (or the course directory holding it), a
 folder of ``<learner>/<NN_slug>.ipynb``, or a zip of uploads from a learning platform in
 either layout or with flat files named ``<learner>_<NN_slug>.ipynb`` (see
-``autograder.layouts``). It grades N submissions at a time, shows progress, writes every
-learner's feedback page, a CSV row for every grade and every file not graded (and JSON), and
-resumes: a submission whose content is unchanged since it was last graded (by SHA-256, kept
-per learner and chapter in the state file) is not graded again. With ``--dask`` the
-notebooks are graded on a Dask cluster's workers instead (``autograder.cluster``).
+``autograder.layouts``). It grades N submissions at a time, shows progress, and leaves the
+class's course directory as nbgrader's own ``autograde`` and ``generate_feedback`` would
+(``autograder.recording``: grades, flags, late penalties, ``autograded/``, feedback pages),
+with a CSV of ``nbgrader export``'s rows and a row for every file not graded (and JSON). It
+resumes: a hand-in is graded again only where it (by SHA-256), its chapter's source or the
+course's checks changed since it was last graded (the state file), or with ``--regrade``.
+With ``--dask`` the notebooks are graded on a Dask cluster's workers (``autograder.cluster``).
 
 Both grading commands run every notebook in a bubblewrap sandbox (``autograder.bubblewrap``)
 unless told ``--sandbox off``; where bwrap is missing or cannot make the sandbox, they stop
@@ -59,21 +62,28 @@ def _parser() -> argparse.ArgumentParser:
                                  "with feedback pages, CSV and JSON")
     class_.add_argument("submissions", type=Path, metavar="DIR|ZIP")
     class_.add_argument("--course-dir", type=Path, metavar="DIR",
-                        help="the class's nbgrader course directory: its source/ notebooks "
-                        "and its gradebook are used (found by itself when DIR is the course "
-                        "directory or its submitted/ folder)")
+                        help="the class's nbgrader course directory: its source/ notebooks, "
+                        "configuration and gradebook are used, and it ends as nbgrader's "
+                        "autograde leaves one (default: the one DIR|ZIP is or is the "
+                        "submitted/ folder of, else this folder; set up when it has no "
+                        "nbgrader_config.py)")
     class_.add_argument("--db", help="gradebook, any SQLAlchemy URL (default: the course "
-                        "directory's, else sqlite:///gradebook.db)")
-    class_.add_argument("--csv", type=Path, default=Path("grades.csv"),
-                        help="where to write the scores (default: grades.csv)")
+                        "directory's)")
+    class_.add_argument("--csv", type=Path, metavar="FILE", help="where to write the scores: "
+                        "nbgrader export's columns, then status, file, message (default: "
+                        "grades.csv in the course directory)")
     class_.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
-    class_.add_argument("--feedback", type=Path, metavar="DIR",
-                        help="feedback pages, DIR/<learner>/<NN_slug>/<NN_slug>.html as "
-                        "nbgrader lays them out (default: the course directory's feedback/, "
-                        "else feedback)")
-    class_.add_argument("--state", type=Path, default=Path("grading-state.json"),
-                        metavar="FILE", help="what was graded, by content hash, for resuming "
-                        "(default: grading-state.json)")
+    class_.add_argument("--state", type=Path, metavar="FILE",
+                        help="what graded each hand-in, for resuming (default: "
+                        "grading-state.json in the course directory)")
+    class_.add_argument("--roster", type=Path, metavar="FILE",
+                        help="a CSV mapping the ids in the files' names to the class's learner "
+                        "ids: columns platform_id and student_id, or a Canvas gradebook "
+                        "export (ID, SIS Login ID); a file whose id is not on it is not graded")
+    class_.add_argument("--regrade", action="store_true",
+                        help="grade every hand-in again, changed or not (by default a hand-in "
+                        "is graded again only where it, its chapter's source or the course's "
+                        "checks changed)")
     _limits(class_, default_jobs=os.cpu_count() or 1)
     class_.add_argument("--dask", metavar="ADDRESS",
                         help="grade on a Dask cluster instead of this process's threads: its "
@@ -217,24 +227,23 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
 
 def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str] | None = None,
                  times: dict | None = None) -> int:
-    from autograder import classdir
     from autograder.classroom import ClassRun, grade_class
-    from autograder.gradebook import COURSE_ID, ClassGradebook
-    from autograder.layouts import collect, course_directory
+    from autograder.gradebook import GradebookTampered
+    from autograder.layouts import collect, read_roster
+    from autograder.recording import ClassCourse
 
-    course = args.course_dir or course_directory(folder)
-    if course is not None:
-        known, found = class_chapters(course), classdir.settings(course)
-        db_url, course_id = args.db or found.db_url, found.course_id
-        if not known:
-            print(f"error: {course}: no source/NN_slug/NN_slug.ipynb in this course directory "
-                  "(set it up with `python -m autograder course-dir`)", file=sys.stderr)
-            return 1
-    else:
-        known, db_url, course_id = chapters(), args.db or "sqlite:///gradebook.db", COURSE_ID
+    try:
+        roster = read_roster(args.roster) if args.roster else None
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    course = _class_directory(args, folder)
+    if course is None:
+        return 1
+    known = class_chapters(course)
     submissions, problems = collect(
         folder, known, origin_of=(lambda p: origins.get(p.resolve(), str(p))) if origins else None,
-        time_of=(lambda p: times[p.resolve()]) if times else None)
+        time_of=(lambda p: times[p.resolve()]) if times else None, roster=roster)
     if not submissions and not problems:
         print(f"error: {args.submissions}: no notebooks found (expected "
               "<learner>/<NN_slug>.ipynb, <learner>_<NN_slug>.ipynb or nbgrader's submitted/)",
@@ -242,27 +251,74 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
         return 1
     if args.dask and args.dask.startswith("local:"):  # its workers share this machine's cores
         args.jobs = int(args.dask.split(":", 1)[1] or 1)
-    args.feedback = args.feedback or (course / "feedback" if course else Path("feedback"))
-    args.feedback.mkdir(parents=True, exist_ok=True)
-    run = ClassRun(ClassGradebook(_absolute_db(db_url), course_id),
-                   Grader(_limits_of(args), _runtime_label(), course_id), known, args.state,
-                   args.csv, args.feedback, _runner(args), args.json)
-    entries = grade_class(run, submissions, problems)
-    code = _finish([e.result for e in entries])
-    now = sum(e.result.graded and not e.reused for e in entries)
-    again = sum(e.reused for e in entries)
-    refused = sum(not e.result.graded for e in entries)
-    print(f"{len(entries)} submission(s): {now} graded now, {again} unchanged since they were "
-          f"last graded (not graded again), {refused} not graded (see the error lines); "
-          f"gradebook {run.book.db_url}, scores in {args.csv}, feedback in {args.feedback}")
+    runner = _runner(args)
+    if runner is None:
+        return 1
+    place = ClassCourse(course, _absolute_db(args.db) if args.db else None)
+    run = ClassRun(place, Grader(_limits_of(args), _runtime_label(), place.course_id), known,
+                   args.state or course / "grading-state.json",
+                   args.csv or course / "grades.csv", runner, args.json, args.regrade)
+    stopped = ""
+    try:
+        entries = grade_class(run, submissions, problems)
+    except KeyboardInterrupt:
+        stopped = "stopped (Ctrl-C)"
+    except GradebookTampered as exc:
+        stopped = f"stopped: {exc}"
+    finally:
+        place.close()
+    if stopped:
+        print(f"error: grading {stopped}; what was graded before is recorded, and listed in "
+              f"{run.csv}", file=sys.stderr)
+        return 130 if "Ctrl-C" in stopped else 1
+    code = _finish([e.result for e in entries if not e.ignored])
+    for entry in entries:
+        if entry.ignored:
+            print(f"warning: {entry.origin} ({entry.learner}, {entry.chapter}): "
+                  f"{entry.result.error}", file=sys.stderr)
+    counts = {status: sum(e.status == status for e in entries) for status in
+              ("graded", "regraded", "unchanged", "not graded", "ignored")}
+    print(f"{len(entries)} submission(s): {counts['graded']} graded now, "
+          f"{counts['unchanged']} unchanged since they were last graded (not graded again), "
+          f"{counts['regraded']} graded again (what grades them changed), "
+          f"{counts['not graded']} not graded (see the error lines), {counts['ignored']} "
+          f"ignored; course directory {course}, gradebook {place.db_url}, scores in {run.csv}")
     return code
 
 
+def _class_directory(args: argparse.Namespace, folder: Path) -> Path | None:
+    """The class's nbgrader course directory: ``--course-dir``, else the one the submissions
+    are in, else this folder; set up (``course-dir``, every chapter) where it has no
+    ``nbgrader_config.py`` yet. None, after an error line, where it has no chapter."""
+    from autograder.classdir import write_course_dir
+    from autograder.layouts import course_directory
+
+    course = args.course_dir or course_directory(folder) or Path.cwd()
+    course = course.resolve()
+    if not (course / "nbgrader_config.py").exists():
+        write_course_dir(course, list(chapters().values()), sandbox=_sandboxed(args.sandbox))
+        print(f"note: {course} is now this class's nbgrader course directory (its "
+              "nbgrader_config.py and source/ written, as `python -m autograder course-dir` "
+              "writes them)", file=sys.stderr)
+    if not class_chapters(course):
+        print(f"error: {course}: no source/NN_slug/NN_slug.ipynb in this course directory "
+              "(set it up with `python -m autograder course-dir`)", file=sys.stderr)
+        return None
+    return course
+
+
 def _runner(args: argparse.Namespace):
+    """What grades the notebooks: threads, or a Dask cluster; None after an error line."""
     from autograder.classroom import threads
 
     if not args.dask:
         return threads(args.jobs)
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        print("error: --dask needs Dask: pip install '.[cluster]' (or grade without --dask)",
+              file=sys.stderr)
+        return None
     from autograder.cluster import dask
 
     return dask(args.dask)

@@ -1,20 +1,19 @@
-"""The class's gradebook: nbgrader's own database, written only by the grading process.
+"""The class's gradebook, nbgrader's own database: what the grader reads of it, and the check
+that nothing else wrote it during a batch.
 
-Scores go in as nbgrader's autograde would put them (a submission per learner and chapter,
-its timestamp, each test cell's score), so ``nbgrader export``, formgrader and late
-penalties work on it as on any nbgrader class. A chapter is registered once, from the
-source notebook the class grades with; a chapter already registered is never registered
-again (that would overwrite the class's own cells and checksums).
+nbgrader writes every grade (``autograder.recording``); the grader reads whether a chapter is
+registered, and adds a learner whose hand-in could not be graded. Between two of this run's
+writes the file must not change: a change means another program wrote it (an instructor's
+own nbgrader command run during the batch, or, graded with ``--sandbox off``, a notebook), and
+the batch stops rather than record over it.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import os
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 from nbformat.warnings import DuplicateCellId, MissingIDFieldWarning
@@ -38,18 +37,7 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
 
 
 class GradebookTampered(RuntimeError):
-    """The class's gradebook changed between two of the grader's own writes."""
-
-
-@dataclass
-class Row:
-    """One learner's grade for one chapter, as the gradebook holds it."""
-
-    learner: str
-    chapter: str
-    score: float
-    max_score: float
-    timestamp: dt.datetime | None
+    """The class's gradebook changed between two of this run's own writes."""
 
 
 class ClassGradebook:
@@ -68,43 +56,15 @@ class ClassGradebook:
                 return False
             return any(n.name == chapter for n in assignment.notebooks)
 
-    def record(self, learner: str, chapter: str, points: dict[str, float],
-               timestamp: dt.datetime | None) -> None:
-        """Make ``points`` (test grade id -> points) ``learner``'s scores for ``chapter``,
-        handed in at ``timestamp``, replacing an earlier submission's. Raises
-        ``GradebookTampered`` if the file changed since the grader's last write."""
-        self._check_untouched()
-        with Gradebook(self.db_url, self.course_id) as book:
-            book.update_or_create_student(learner)
-            try:
-                submission = book.find_submission(chapter, learner)
-            except MissingEntry:
-                submission = book.add_submission(chapter, learner)
-            submission.timestamp = timestamp
-            for notebook in submission.notebooks:
-                for grade in notebook.grades:
-                    if grade.name in points:
-                        grade.auto_score = points[grade.name]
-            book.db.commit()
-        self._fingerprint = self._current_fingerprint()
-
     def add_learner(self, learner: str) -> None:
-        self._check_untouched()
+        self.check_untouched()
         with Gradebook(self.db_url, self.course_id) as book:
             book.update_or_create_student(learner)
-        self._fingerprint = self._current_fingerprint()
+        self.remember()
 
-    def rows(self) -> list[Row]:
-        """Every submission in the gradebook, by learner then chapter."""
-        self._check_untouched()
-        found = []
-        with Gradebook(self.db_url, self.course_id) as book:
-            for assignment in book.assignments:
-                for submission in assignment.submissions:
-                    found.append(Row(submission.student_id, assignment.name,
-                                     float(submission.score), float(assignment.max_score),
-                                     submission.timestamp))
-        return sorted(found, key=lambda r: (r.learner, r.chapter))
+    def remember(self) -> None:
+        """Take the file as it is now as this run's own last write."""
+        self._fingerprint = self._current_fingerprint()
 
     def _current_fingerprint(self) -> str | None:
         path = sqlite_path(self.db_url)
@@ -112,10 +72,14 @@ class ClassGradebook:
             return None  # a database server: its own access control protects it
         return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
 
-    def _check_untouched(self) -> None:
+    def check_untouched(self) -> None:
+        """Raises ``GradebookTampered`` if the file changed since this run last wrote it."""
         if self._fingerprint is not None and self._current_fingerprint() != self._fingerprint:
-            raise GradebookTampered(f"{self.db_url} changed while grading, and not by the "
-                                    "grader: stop, and grade this class in a container")
+            raise GradebookTampered(
+                f"{self.db_url} changed during this batch, and not by it: another nbgrader "
+                "command (do not run one on this class while it is graded) or, graded with "
+                "--sandbox off, a notebook; nothing more was recorded. Grade again: what was "
+                "recorded stands, and unchanged hand-ins are not graded twice")
 
 
 def sqlite_path(db_url: str) -> Path | None:

@@ -12,6 +12,7 @@ from course.language import ENGLISH
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # exceptions whose message is the whole hint (the checks' verdicts, a borrowed answer)
 VERDICTS = ("AssertionError", "CheckFailed", "BorrowedAnswer")
+NOT_GRADED = "NotGraded"  # the error a test cell of a notebook not run shows, with the reason
 
 
 @dataclass

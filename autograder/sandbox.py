@@ -26,7 +26,9 @@ from autograder import bubblewrap
 from autograder.bubblewrap import probe
 from course.runtime import gpu_name
 
-__all__ = ["Limits", "probe", "run"]
+__all__ = ["Limits", "end_all", "probe", "run"]
+
+_RUNNING: set[int] = set()  # the process groups ``run`` has started and not yet ended
 
 
 @dataclass(frozen=True)
@@ -64,13 +66,16 @@ def run(command: list[str], cwd: Path, timeout: int, limits: Limits,
         process = subprocess.Popen(reaped, cwd=cwd, env=env, stdout=output,
                                    stderr=subprocess.STDOUT, start_new_session=True,
                                    preexec_fn=_memory_limit(limits.memory_gib))
+        _RUNNING.add(process.pid)
         try:
             process.wait(timeout=timeout + _GRACE)
         except subprocess.TimeoutExpired:  # the reaper itself hung: end its whole group
             _kill_group(process.pid)
             process.wait()
             raise subprocess.TimeoutExpired(command, timeout, output=_read(output)) from None
-        _kill_group(process.pid)
+        finally:
+            _kill_group(process.pid)
+            _RUNNING.discard(process.pid)
         log = _read(output)
     if process.returncode == 124:  # the reaper's deadline
         raise subprocess.TimeoutExpired(command, timeout, output=log)
@@ -118,6 +123,13 @@ def private_home(home: Path) -> dict[str, str]:
 def _read(output) -> str:
     output.seek(0)
     return output.read()
+
+
+def end_all() -> None:
+    """End every process ``run`` started that is still running (a batch stopped with
+    Ctrl-C: each is in a session of its own, where the terminal's signal does not reach)."""
+    for pid in list(_RUNNING):
+        _kill_group(pid)
 
 
 def _kill_group(pid: int) -> None:

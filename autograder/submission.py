@@ -39,11 +39,24 @@ class Submission:
     result: NotebookResult | None = None
     executed: dict | None = None  # the graded notebook, for its feedback page
     reused: bool = False  # unchanged since it was last graded: its earlier result stands
+    regraded: bool = False  # unchanged, but graded again: what grades it changed
+    ignored: bool = False  # beside the chapter's own notebook in its hand-in: not graded
+    graded_by: str = ""  # what its grade depends on besides the file (``classroom.graded_by``)
 
     @property
     def when(self) -> str:
         """When it was handed in (UTC, ISO 8601), where known."""
         return self.timestamp.isoformat(sep=" ") if self.timestamp else ""
+
+    @property
+    def status(self) -> str:
+        """What this run did with it, as the CSV and JSON say."""
+        if self.result is None or not self.result.graded:
+            return "ignored" if self.ignored else "not graded"
+        return "unchanged" if self.reused else "regraded" if self.regraded else "graded"
+
+    def to_json(self) -> dict:
+        return {**self.result.to_json(), "status": self.status}
 
     def refuse(self, message: str) -> None:
         language = self.language

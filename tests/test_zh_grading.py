@@ -50,7 +50,7 @@ def test_english_and_chinese_submissions_share_one_gradebook(tmp_path):
         shutil.copyfile(notebook, class_dir / learner / f"{chapter.name}.ipynb")
     database = tmp_path / "class.db"
     done = grade("grade-all", class_dir, "--db", f"sqlite:///{database}", "--csv", "scores.csv",
-                 "--feedback", "feedback", cwd=tmp_path)
+                 cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     with open(tmp_path / "scores.csv", newline="") as handle:
         rows = {row["student_id"]: row for row in csv.DictReader(handle)}
