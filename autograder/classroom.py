@@ -56,9 +56,11 @@ def threads(jobs: int) -> Runner:
                     yield futures[future], future.result()
                 except (NotGradable, Unmatched) as exc:
                     yield futures[future], exc
-        finally:  # stopped early (Ctrl-C): nothing more starts, and what runs is ended now
-            pool.shutdown(wait=False, cancel_futures=True)
+        except BaseException:  # stopped early (Ctrl-C): nothing more starts, what runs ends
             end_all()
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     return run
 
@@ -94,13 +96,15 @@ class ClassRun:
     runner: Runner
     json: Path | None = None
     regrade: bool = False
+    stopped: str = ""  # why the run stopped before the end (Ctrl-C, the gradebook changed)
 
 
 def grade_class(run: ClassRun, found: list[Found], problems: list[Problem],
                 progress: bool = True) -> list[Submission]:
     """Grade a class (see the module's docstring); return every submission, in a stable
-    order. Stopped (Ctrl-C, or the gradebook written by another program), it still writes
-    the CSV and JSON of what it did, then raises."""
+    order. Stopped (Ctrl-C, or the gradebook written by another program), it says why in
+    ``run.stopped``, and still writes the CSV and JSON of what it did."""
+    from autograder.gradebook import GradebookTampered
     from autograder.recording import NotRecorded
 
     entries = [Submission(f.origin, f.learner, f.chapter, f.timestamp, f.path) for f in found]
@@ -111,28 +115,8 @@ def grade_class(run: ClassRun, found: list[Found], problems: list[Problem],
         entries.append(entry)
     read(entries, run.known)
     course = run.course
-    for chapter in {e.target.name: e.target for e in entries if e.target}.values():
-        course.register(chapter.name)
     state = _load_state(run.state)
-    for entry in entries:
-        if entry.target is None:
-            continue
-        course.stage(entry.path, entry.learner, entry.chapter, entry.timestamp)
-        entry.graded_by = graded_by(entry)
-        before = state.get(_key(entry))
-        if not run.regrade and before and before["sha256"] == entry.digest and \
-                before.get("graded_by") == entry.graded_by and \
-                course.autograded(entry.learner, entry.chapter).exists():
-            entry.result = NotebookResult.from_json(before["result"])
-            entry.result.notebook, entry.result.timestamp = entry.origin, entry.when
-            entry.reused = True
-            if before.get("timestamp") != entry.when:  # handed in again: its penalty may change
-                course.rerecord(entry.learner, entry.chapter)
-                _remember(state, entry, run.state)
-        elif before and before["sha256"] == entry.digest:
-            entry.regraded = True  # the same file, graded again: its chapter's tests changed
-    done = [0]
-    todo = sum(e.result is None and e.target is not None for e in entries)
+    done, todo = [0], [0]
 
     def on_result(entry: Submission) -> None:
         if entry.result.graded:
@@ -144,13 +128,33 @@ def grade_class(run: ClassRun, found: list[Found], problems: list[Problem],
                 _remember(state, entry, run.state)
         done[0] += 1
         if progress:
-            _progress(done[0], todo, entry)
+            _progress(done[0], todo[0], entry)
 
     try:
+        for chapter in {e.target.name: e.target for e in entries if e.target}.values():
+            course.register(chapter.name)
+        for entry in entries:
+            if entry.target is not None:
+                course.stage(entry.path, entry.learner, entry.chapter, entry.timestamp)
+                _reuse(entry, state.get(_key(entry)), run)
+                if entry.reused and state[_key(entry)].get("timestamp") != entry.when:
+                    try:  # handed in again, unchanged: its new time may change its penalty
+                        course.rerecord(entry.learner, entry.chapter)
+                    except NotRecorded as exc:
+                        entry.refuse(f"nbgrader could not record its new time ({exc})")
+                    else:
+                        _remember(state, entry, run.state)
+        todo[0] = sum(e.result is None and e.target is not None for e in entries)
         grade(entries, run.grader, run.runner, on_result)
+    except KeyboardInterrupt:
+        run.stopped = "stopped (Ctrl-C)"
+    except GradebookTampered as exc:
+        run.stopped = f"stopped: {exc}"
+    except NotRecorded as exc:  # a chapter nbgrader could not register
+        run.stopped = f"stopped: {exc}"
     finally:
         for entry in entries:
-            if entry.result is None:
+            if entry.result is None:  # stopped first: nothing of it recorded, no page
                 entry.refuse("not graded: grading stopped before it was")
             elif not entry.result.graded and entry.learner and not entry.ignored:
                 course.add_learner(entry.learner)
@@ -164,23 +168,41 @@ def grade_class(run: ClassRun, found: list[Found], problems: list[Problem],
     return entries
 
 
+def _reuse(entry: Submission, before: dict | None, run: ClassRun) -> None:
+    """Take the earlier result where neither the file nor what grades it changed (and not
+    ``run.regrade``); mark a regrade where only what grades it changed."""
+    entry.graded_by = graded_by(entry)
+    same_file = bool(before) and before["sha256"] == entry.digest
+    if same_file and not run.regrade and before.get("graded_by") == entry.graded_by and \
+            run.course.autograded(entry.learner, entry.chapter).exists():
+        entry.result = NotebookResult.from_json(before["result"])
+        entry.result.notebook, entry.result.timestamp = entry.origin, entry.when
+        entry.reused = True
+    elif same_file:
+        entry.regraded = True
+
+
 def graded_by(entry: Submission) -> str:
     """What a grade depends on besides the hand-in: the chapter's source (the class's own, in
     the notebook's language), the checks of the chapter and those all chapters share, and
     nbgrader's version. A change to any of them grades the chapter's hand-ins again."""
     from importlib import metadata
 
-    package = Path(__file__).parent
-    number = entry.target.number
-    code = [path for folder in ("checks", "hidden") for path in
-            sorted((package / folder).glob("*.py"))
-            if path.name.startswith(("_", f"ch{number}"))]
-    code += [package / "guard.py", package / "arming.py"]
     digest = hashlib.sha256(metadata.version("nbgrader").encode())
     digest.update(entry.target.source_in(entry.language).read_bytes())
-    for path in code:
+    for path in checks_of(entry.target.number):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+def checks_of(number: str) -> list[Path]:
+    """The grader's code that decides chapter ``number``'s grades: its visible and hidden
+    checks, what every chapter's checks share, the guard and its arming."""
+    package = Path(__file__).parent
+    return [path for folder in ("checks", "hidden") for path in
+            sorted((package / folder).glob("*.py"))
+            if path.name.startswith(("_", f"ch{number}"))] + \
+        [package / "guard.py", package / "arming.py"]
 
 
 def _remember(state: dict, entry: Submission, path: Path) -> None:

@@ -228,7 +228,6 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
 def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str] | None = None,
                  times: dict | None = None) -> int:
     from autograder.classroom import ClassRun, grade_class
-    from autograder.gradebook import GradebookTampered
     from autograder.layouts import collect, read_roster
     from autograder.recording import ClassCourse
 
@@ -258,19 +257,15 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
     run = ClassRun(place, Grader(_limits_of(args), _runtime_label(), place.course_id), known,
                    args.state or course / "grading-state.json",
                    args.csv or course / "grades.csv", runner, args.json, args.regrade)
-    stopped = ""
     try:
         entries = grade_class(run, submissions, problems)
-    except KeyboardInterrupt:
-        stopped = "stopped (Ctrl-C)"
-    except GradebookTampered as exc:
-        stopped = f"stopped: {exc}"
     finally:
         place.close()
-    if stopped:
-        print(f"error: grading {stopped}; what was graded before is recorded, and listed in "
+    if run.stopped:
+        _finish([e.result for e in entries if e.result.graded])
+        print(f"error: grading {run.stopped}; what was graded is recorded and listed in "
               f"{run.csv}", file=sys.stderr)
-        return 130 if "Ctrl-C" in stopped else 1
+        return 130 if "Ctrl-C" in run.stopped else 1
     code = _finish([e.result for e in entries if not e.ignored])
     for entry in entries:
         if entry.ignored:

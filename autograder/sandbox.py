@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,12 @@ from course.runtime import gpu_name
 
 __all__ = ["Limits", "end_all", "probe", "run"]
 
-_RUNNING: set[int] = set()  # the process groups ``run`` has started and not yet ended
+_RUNNING: set[int] = set()  # the reapers ``run`` has started that have not yet ended
+_STOPPED = threading.Event()  # ``end_all`` was called: nothing more starts
+
+
+class Stopped(RuntimeError):
+    """Grading was stopped (``end_all``) before this command could start."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ def run(command: list[str], cwd: Path, timeout: int, limits: Limits,
     every process it started is gone when this returns. In the sandbox, only ``writable``
     (default: ``cwd``) can be written, and the first of them holds HOME. ``environment`` adds
     variables to this process's."""
+    if _STOPPED.is_set():
+        raise Stopped("grading was stopped")
     env = environment_for(dict(os.environ) | (environment or {}), list(writable) or [cwd],
                           limits.threads)
     reaped = [sys.executable, "-m", "autograder.reaper", str(timeout), "--", *command]
@@ -126,10 +134,15 @@ def _read(output) -> str:
 
 
 def end_all() -> None:
-    """End every process ``run`` started that is still running (a batch stopped with
-    Ctrl-C: each is in a session of its own, where the terminal's signal does not reach)."""
+    """End every command ``run`` started that is still running, and start no more (a batch
+    stopped with Ctrl-C: each is in a session of its own, where the terminal's signal does
+    not reach). Each reaper is told to end, and it ends everything below it."""
+    _STOPPED.set()
     for pid in list(_RUNNING):
-        _kill_group(pid)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
 
 def _kill_group(pid: int) -> None:

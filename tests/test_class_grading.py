@@ -281,3 +281,101 @@ def test_notebooks_graded_side_by_side_share_the_cores(jobs, user_setting, expec
     printed = run([sys.executable, "-c", "import os; print(os.environ.get('OMP_NUM_THREADS'))"],
                    tmp_path, 30, limits)
     assert printed.strip() == str(expected)
+
+
+def _running(marker: str) -> bool:
+    for entry in Path("/proc").iterdir():
+        try:
+            if marker.encode() in (entry / "cmdline").read_bytes():
+                return True
+        except OSError:  # not a process, or it ended while we looked
+            continue
+    return False
+
+
+def test_ctrl_c_ends_the_notebook_being_graded_and_keeps_what_was_graded(tmp_path):
+    """Two learners, one at a time: the first graded, the second's notebook still running (a
+    process it started waits ten minutes). Ctrl-C: the run ends at once, the running notebook
+    and what it started with it, and the CSV and JSON hold the first grade and say the
+    second was not graded."""
+    import signal
+    import time
+
+    marker = f"kv-course-ctrl-c-{os.getpid()}"
+    waits = synthetic.broken(FIRST, "import subprocess, sys\nsubprocess.run([sys.executable, "
+                             f"'-c', 'import time; time.sleep(600)', '{marker}'])\n")
+    for learner, notebook in (("a-first", synthetic.solved(FIRST)), ("b-waits", waits)):
+        (tmp_path / "uploads" / learner).mkdir(parents=True)
+        nbformat.write(notebook, tmp_path / "uploads" / learner / f"{FIRST.name}.ipynb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "autograder", "grade-all", "uploads", "--jobs", "1",
+         "--cell-timeout", "900", "--json", "r.json"], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stderr:
+            if "1/2 a-first" in line:
+                break
+        deadline = time.monotonic() + 120
+        while not _running(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _running(marker), "the second notebook never started its process"
+        stopped_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert time.monotonic() - stopped_at < 60  # at once: not the ten minutes it waits
+    assert "stopped (Ctrl-C)" in err and "a-first" in out
+    deadline = time.monotonic() + 30
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(marker), "the notebook's process outlived the stopped run"
+    rows = {r["student_id"]: r for r in csv_rows(tmp_path / "grades.csv") if r["file"]}
+    assert rows["a-first"]["status"] == "graded"
+    assert float(rows["a-first"]["score"]) == full_marks(FIRST)
+    assert rows["b-waits"]["status"] == "not graded"
+    assert "stopped" in rows["b-waits"]["message"]
+    results = {e["learner"]: e for e in json.loads((tmp_path / "r.json").read_text())}
+    assert results["a-first"]["status"] == "graded"
+    assert results["b-waits"]["status"] == "not graded"
+
+
+def test_two_canvas_downloads_of_one_learner_are_one_learner(tmp_path):
+    """Canvas names a learner's file by their user id; the second download holds their late,
+    renamed upload. One course directory, both downloads graded: one learner, the later
+    upload's grade and time."""
+    first, later = (2026, 11, 30, 12, 0, 0), (2026, 12, 1, 0, 30, 0)
+    downloads = {
+        "submissions.zip": [(f"lovelaceada_4242_901_{FIRST.name}.ipynb",
+                             synthetic.solved(FIRST, 0.5), first),
+                            (f"hopperg_5150_902_{FIRST.name}.ipynb", synthetic.solved(FIRST),
+                             first)],
+        "submissions (1).zip": [(f"lovelaceada_LATE_4242_977_{FIRST.name}-1.ipynb",
+                                 synthetic.solved(FIRST), later)],
+    }
+    assert run("course-dir", "class", "--chapters", "1", cwd=tmp_path).returncode == 0
+    for name, files in downloads.items():
+        with zipfile.ZipFile(tmp_path / name, "w") as archive:
+            for entry, notebook, when in files:
+                archive.writestr(zipfile.ZipInfo(entry, when), nbformat.writes(notebook))
+        done = run("grade-all", name, "--course-dir", "class", "--jobs", "2", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    book = gradebook(tmp_path / "class" / "gradebook.db", "paged-kv-course")
+    assert book == {("4242", FIRST.name): (full_marks(FIRST), dt.datetime(*later)),
+                    ("5150", FIRST.name): (full_marks(FIRST), dt.datetime(*first))}
+    assert sorted(p.name for p in (tmp_path / "class" / "submitted").iterdir()) == \
+        ["4242", "5150"]
+
+
+def test_grading_on_dask_without_dask_installed_is_one_line(tmp_path):
+    (tmp_path / "no-dask" / "distributed").mkdir(parents=True)
+    (tmp_path / "no-dask" / "distributed" / "__init__.py").write_text(
+        "raise ImportError('No module named distributed')\n")
+    (tmp_path / "uploads" / "ada").mkdir(parents=True)
+    nbformat.write(synthetic.solved(FIRST), tmp_path / "uploads" / "ada" / f"{FIRST.name}.ipynb")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "no-dask"))
+    done = run("grade-all", "uploads", "--dask", "local:1", cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("error: --dask needs Dask")
+    assert "Traceback" not in done.stderr

@@ -171,6 +171,7 @@ def test_nbgraders_feedback_commands_work_after_grade_all(graded):
     _, ours, _ = graded
     page = ours / "feedback" / "anna.li" / NAME / f"{NAME}.html"
     assert page.exists() and "BEGIN HIDDEN TESTS" not in page.read_text()
+    assert str(ours.parent) not in page.read_text()  # no server path on a learner's page
     _nbgrader("generate_feedback", NAME, "--force", cwd=ours)
     released = _nbgrader("release_feedback", NAME, cwd=ours)
     assert "anna.li" in released
