@@ -159,7 +159,7 @@ class Grader:
         tests = _test_cells(job.source)
         released = self.released(job.chapter, job.source)
         rebuilt = rebuild(nbformat.from_dict(job.notebook), released)
-        flagged = _flag(rebuilt.notebook, released)
+        flagged = flagged_line(rebuilt.notebook, released)
         if flagged:
             return self._zero(job, tests, f"not graded: a cell of this notebook reaches for "
                                           f"the grader ({flagged!r}); remove it and resubmit",
@@ -328,19 +328,24 @@ def without_demonstrations(notebook: nbformat.NotebookNode, released: nbformat.N
     return trimmed
 
 
-def _flag(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode) -> str | None:
-    """The first suspicious line in a code cell the learner wrote or changed. Locked and
-    graded cells are the released ones (``restore``), and so are cells equal to one of the
-    released notebook's (the course's own code): both are skipped."""
-    given = {c.source for c in released.cells if c.cell_type == "code"}
+def flagged_line(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode
+                 ) -> str | None:
+    """The first suspicious line the learner wrote: in a code cell they wrote or changed, a
+    line that no code cell of the released notebook holds. Locked and graded cells are the
+    released ones (``restore``) and are skipped; a line the release put there (a
+    demonstration's import of its fixtures, say) stays the course's own in a cell the
+    learner edited around it."""
+    given = {line.strip() for c in released.cells if c.cell_type == "code"
+             for line in c.source.splitlines()}
     for cell in notebook.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if cell.get("cell_type") != "code" or meta.get("locked") or meta.get("grade"):
             continue
-        if cell.get("source") not in given:
-            line = suspicious_code(cell.get("source", ""))
-            if line:
-                return line
+        written = "\n".join(line for line in cell.get("source", "").splitlines()
+                            if line.strip() not in given)
+        line = suspicious_code(written)
+        if line:
+            return line
     return None
 
 
