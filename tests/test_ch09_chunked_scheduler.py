@@ -72,3 +72,27 @@ def test_the_budget_animation_shows_each_steps_chunks_and_unused_budget():
     assert 'data-kind="decode"' in second and 'data-preempted="1"' in second
     view = budget_animation(records).children[1]
     assert 'data-step="0"' in view.value
+
+
+def test_a_step_that_raises_is_told_where_and_in_what_state():
+    """A schedule_step that raises at its fourth step (a KeyError, as a dictionary lookup of
+    a preempted request would): the hint names the scenario, the step, the state and what the
+    rules give, as for a step that returns a wrong schedule."""
+    import pytest
+
+    from autograder.checks import ch09
+
+    calls = []
+
+    def raises_on_the_fourth_step(scheduler):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyError(1)
+        return schedule_step(scheduler)
+
+    raises_on_the_fourth_step.__name__ = "schedule_step"
+    with pytest.raises(AssertionError) as failed:
+        ch09.check_schedule_step(raises_on_the_fourth_step)
+    hint = str(failed.value)
+    assert "raised KeyError: 1" in hint and "step 3" in hint
+    assert "running [" in hint and "waiting [" in hint and "the rules give" in hint

@@ -36,6 +36,11 @@ class CheckFailed(AssertionError):
                             "then run this cell again.)")]
 
 
+class LearnerRaised(AssertionError):
+    """The learner's code raised: the hint names the exception; a check that knows the
+    scenario and the step adds them (``learner_call``)."""
+
+
 def describe_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> str:
     """``name(a=1, b=2)``, the way the hint shows a call."""
     args = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
@@ -68,7 +73,7 @@ def learner_call(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -
         if isinstance(exc, NotImplementedError) or "NotImplementedError" in text:
             raise AssertionError(not_written(name)) from None
         first = text.splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise AssertionError(f"{name}(...) raised {first[:400]}") from exc
+        raise LearnerRaised(f"{name}(...) raised {first[:400]}") from exc
 
 
 def expect_equal(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from autograder.checks._helpers import learner_call
+from autograder.checks._helpers import LearnerRaised, learner_call
 from autograder.checks.ch06 import PagedCase, dtype_name
 from autograder.private import private, visible
 from course.chunked_engine import ChunkedEngine, serve_chunked
@@ -142,7 +142,13 @@ def run_schedule(fn: Callable, scenario: dict, expected: list[dict] | Callable,
         before = {r.id: (r.num_tokens, r.num_computed_tokens, True) for r in scheduler.running}
         before |= {r.id: (r.num_tokens, r.num_computed_tokens, False) for r in scheduler.waiting}
         want = expected(step, scheduler) if callable(expected) else expected[step]
-        plan, seen = simulate(scheduler, step, fn)
+        try:
+            plan, seen = simulate(scheduler, step, fn)
+        except LearnerRaised as raised:  # where, and in what state, as for a wrong answer
+            raise AssertionError(
+                f"schedule_step(scheduler) {label}, step {step}, with {state}: {raised}; the "
+                f"rules give {want['chunks']} (request, start, tokens), preempted "
+                f"{want['preempted']}. {RULES}") from None
         if seen != want:
             hint = diagnose(before, plan, seen, scenario["budget"])
             raise AssertionError(
