@@ -29,7 +29,20 @@ from hypothesis.stateful import (
 
 from autograder.checks._helpers import run_stateful
 from autograder.checks.ch03 import _Harness
+from autograder.hidden._lending import one_bug_one_todo
 from autograder.private import thorough
+
+_TODOS = ("allocate", "append_slot", "fork", "free")
+
+
+def _one_bug_one_todo(check: Callable[[type], None], cls: type, others: tuple[str, ...]
+                      ) -> None:
+    """``lending.one_bug_one_todo`` with the course's BlockManager: a test of one method
+    runs its scenarios with the course's versions of the methods they also call where the
+    learner's class fails them, so that a wrong ``allocate`` costs ``allocate`` alone."""
+    from course.block_manager import BlockManager as Course
+
+    one_bug_one_todo(check, cls, Course, _TODOS, others)
 
 
 def _machine(cls: type, operations: set[str]) -> type:
@@ -177,32 +190,45 @@ def check_allocate_thoroughly(cls: type) -> None:
 def check_append_slot_thoroughly(cls: type) -> None:
     """Random interleavings of allocate and append_slot, running out included; then
     append_slot's cost on a large pool."""
-    _stateful(cls, {"append"})
-    _constant_time(cls, 1, ("; bm.allocate(0, 1)", lambda bm: bm.allocate(0, 1)),
-                   ("bm.append_slot(0)", lambda bm, i: bm.append_slot(0)))
+
+    def check(subject: type) -> None:
+        _stateful(subject, {"append"})
+        _constant_time(subject, 1, ("; bm.allocate(0, 1)", lambda bm: bm.allocate(0, 1)),
+                       ("bm.append_slot(0)", lambda bm, i: bm.append_slot(0)))
+
+    _one_bug_one_todo(check, cls, ("allocate",))
 
 
 @thorough
 def check_fork_thoroughly(cls: type) -> None:
     """Random interleavings of allocate and fork (forks of forks, forks of unknown parents),
     with sequences grown past full blocks: each table is its own list."""
-    _stateful(cls, {"fork"})
+    _one_bug_one_todo(lambda subject: _stateful(subject, {"fork"}), cls,
+                      ("allocate", "append_slot"))
 
 
 @thorough
 def check_copy_on_write_thoroughly(cls: type) -> None:
     """Random interleavings of allocate, append_slot and fork, with the sentinel pool; then
     the cost of a copy on a large pool."""
-    _stateful(cls, {"append", "fork"})
-    _constant_time(cls, 2, (f"; {CALLS} one-token sequences each forked", _pairs),
-                   ("bm.append_slot(child), each a copy-on-write",
-                    lambda bm, i: bm.append_slot(2 * i + 1)))
+
+    def check(subject: type) -> None:
+        _stateful(subject, {"append", "fork"})
+        _constant_time(subject, 2, (f"; {CALLS} one-token sequences each forked", _pairs),
+                       ("bm.append_slot(child), each a copy-on-write",
+                        lambda bm, i: bm.append_slot(2 * i + 1)))
+
+    _one_bug_one_todo(check, cls, ("allocate", "fork"))
 
 
 @thorough
 def check_free_thoroughly(cls: type) -> None:
     """Random interleavings of every operation, running out of blocks included; then free's
     cost on a large pool."""
-    _stateful(cls, {"append", "fork", "free"}, max_examples=200)
-    _constant_time(cls, 4, (f"; {CALLS} one-block sequences allocated", _held),
-                   ("bm.free(i)", lambda bm, i: bm.free(i)))
+
+    def check(subject: type) -> None:
+        _stateful(subject, {"append", "fork", "free"}, max_examples=200)
+        _constant_time(subject, 4, (f"; {CALLS} one-block sequences allocated", _held),
+                       ("bm.free(i)", lambda bm, i: bm.free(i)))
+
+    _one_bug_one_todo(check, cls, ("allocate", "append_slot", "fork"))

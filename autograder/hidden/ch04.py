@@ -10,7 +10,6 @@ pool. ``block_key`` and ``prefix_keys`` are checked on random inputs for their p
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 from hypothesis import strategies as st
@@ -21,8 +20,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from autograder.borrowing import course_version
-from autograder.checks._helpers import for_all, not_written, run_stateful, verdict_only
+from autograder.checks._helpers import for_all, not_written, run_stateful
 from autograder.checks.ch04 import (
     _KEY_IDEA,
     ROOT,
@@ -35,6 +33,7 @@ from autograder.checks.ch04 import (
     check_block_key,
     check_free,
 )
+from autograder.hidden._lending import one_bug_one_todo
 from autograder.private import thorough
 from course.block_manager import NoFreeBlocksError
 
@@ -268,36 +267,14 @@ _TODOS = ("_take_block", "allocate", "append_slot", "free")
 
 def _one_bug_one_todo(check: Callable[[type], None], cls: type, others: tuple[str, ...]
                       ) -> None:
-    """``check`` on the learner's class; where it fails, again on the learner's class with the
-    course's own version of the methods ``others`` (the TODOs the checked method builds on),
-    so that a bug in one TODO costs that TODO alone. Fails, with the learner's own class's
-    failure (shrunk to its smallest case), only where both fail.
-
-    A TODO the notebook defines after this test (the test runs where its cell stands) is the
-    course's in both runs: its absence is no one's bug. Keys come from one encoding: where
-    the course's ``allocate`` is lent, so is the course's keying of full blocks
+    """``lending.one_bug_one_todo`` with the course's manager. Keys come from one encoding:
+    where the course's ``allocate`` is lent, so is the course's keying of full blocks
     (``_cache_full_blocks``), or a learner's other canonical encoding would never be found by
     the course's lookups."""
     from course.prefix_cache import PrefixCachingBlockManager as Course
 
-    def course_method(name: str):
-        return course_version(inspect.getattr_static(Course, name))
-
-    later = {name: course_method(name) for name in _TODOS if not hasattr(cls, name)}
-    own_class = type(cls.__name__, (cls,), later) if later else cls
-    try:
-        with verdict_only():  # whether it fails; shrunk only if the learner is to read it
-            check(own_class)
-    except AssertionError:
-        lent = {name: course_method(name) for name in others}
-        if "allocate" in lent:
-            lent["_cache_full_blocks"] = course_method("_cache_full_blocks")
-        try:
-            with verdict_only():
-                check(type(cls.__name__, (own_class,), lent))
-        except AssertionError as failed_with_lent:
-            check(own_class)  # the same cases again, shrunk: the learner reads the smallest
-            raise failed_with_lent from None
+    one_bug_one_todo(check, cls, Course, _TODOS, others,
+                     companions={"allocate": ("_cache_full_blocks",)})
 
 
 @thorough

@@ -1,0 +1,52 @@
+"""One bug costs one TODO: a hidden test of a class's method, rerun with the course's own
+versions of the methods it builds on where the learner's class fails it.
+
+    learner's class ──check──> passes: full marks
+        │ fails
+        v
+    the same class, the TODOs it builds on lent from the course ──check──> passes: the bug is
+        │ fails                                        in a TODO lent, whose own test costs it
+        v
+    the learner's own failure, shrunk to its smallest case: this TODO's bug
+
+Both runs see the TODOs the notebook defines after the test (a test runs where its cell
+stands) as the course's: their absence is no one's bug.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+
+from autograder.borrowing import course_version
+from autograder.checks._helpers import verdict_only
+
+
+def one_bug_one_todo(check: Callable[[type], None], cls: type, course: type,
+                     todos: Iterable[str], others: Iterable[str],
+                     companions: Mapping[str, Iterable[str]] | None = None) -> None:
+    """``check`` on ``cls``; where it fails, again with ``course``'s version of the methods
+    ``others`` (the TODOs the checked method builds on, each with its ``companions``: given
+    methods that must come from the same hand, say one way of keying blocks). Fails, with the
+    learner's own failure, only where both fail. ``todos`` are every TODO method of the class:
+    those ``cls`` lacks are the course's in both runs."""
+
+    def course_method(name: str):
+        return course_version(inspect.getattr_static(course, name))
+
+    later = {name: course_method(name) for name in todos if not hasattr(cls, name)}
+    own_class = type(cls.__name__, (cls,), later) if later else cls
+    try:
+        with verdict_only():  # whether it fails; shrunk only if the learner is to read it
+            check(own_class)
+    except AssertionError:
+        lent = {}
+        for name in others:
+            for method in (name, *(companions or {}).get(name, ())):
+                lent[method] = course_method(method)
+        try:
+            with verdict_only():
+                check(type(cls.__name__, (own_class,), lent))
+        except AssertionError as failed_with_lent:
+            check(own_class)  # the same cases again, shrunk: the learner reads the smallest
+            raise failed_with_lent from None
