@@ -204,3 +204,18 @@ def test_two_readings_of_the_scheduling_policy_agree_on_every_input(scenario):
     model = hidden.expected_run(**scenario)
     assert _trace(Scheduler, **scenario) == model
     assert _trace(Alternative, **scenario) == model
+
+
+_HIDDEN_OF = {todo: getattr(hidden, f"check_{todo}_thoroughly") for todo in MUTANTS}
+_ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant, _ in found
+                   if set(vars(mutant)) - {"__module__", "__doc__", "__qualname__"} <= {todo}]
+
+
+@pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
+                         ids=[f"{todo}-{m.__name__}" for todo, m in _ONE_WRONG_TODO])
+def test_one_wrong_policy_costs_that_todo_alone(todo, mutant):
+    """A scheduler right but for one policy (an admission mistake, say): every other policy's
+    hidden test passes, the course's lent where the learner's scheduler fails it."""
+    for other, check in _HIDDEN_OF.items():
+        if other != todo:
+            check(mutant)

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import types
 from collections import deque
+from collections.abc import Callable
 
 from hypothesis import strategies as st
 
-from autograder.checks._helpers import for_all
+from autograder.checks._helpers import for_all, verdict_only
 from autograder.checks.ch05 import (
     MAX_STEPS,
     _Harness,
@@ -41,6 +42,7 @@ from autograder.checks.ch05 import (
     check_reserve_decode_slots,
     check_swap_in,
 )
+from autograder.hidden._lending import one_bug_one_todo
 from autograder.private import thorough
 from course.scheduler import Request
 
@@ -372,11 +374,36 @@ def _budgets(draw, specs, floor: int = 1):
     return draw(st.integers(floor, max(floor, 4 * max(prompts, default=1))))
 
 
+_TODOS = ("admit", "reserve_decode_slots", "preempt", "swap_in")
+
+
+def _one_bug_one_todo(check: Callable[[type], None], cls: type, others: tuple[str, ...]
+                      ) -> None:
+    """``lending.one_bug_one_todo`` with the course's Scheduler: every scenario runs whole
+    steps, so a test of one policy lends the course's ``others`` where the learner's class
+    fails it, and an admission mistake costs admission alone. Preemption's test lends
+    ``reserve_decode_slots`` only where it fails its own test: choosing the victim is
+    written there, and is what preemption's test judges."""
+    from course.scheduler import Scheduler as Course
+
+    one_bug_one_todo(check, cls, Course, _TODOS, others)
+
+
+def _unless_right(todo: str, its_check: Callable[[type], None], cls: type) -> tuple[str, ...]:
+    """``(todo,)`` where the learner's ``todo`` fails its own visible test (so its bug is
+    charged there, and another test may lend the course's), else nothing."""
+    try:
+        with verdict_only():
+            its_check(cls)
+    except AssertionError:
+        return (todo,)
+    return ()
+
+
 @thorough
 def check_admit_thoroughly(cls: type) -> None:
     """The visible cases, then random queues, pools, batch limits, token budgets (met
     exactly, with decodes in the step) and watermarks, admission alone over several steps."""
-    check_admit(cls)
 
     @st.composite
     def cases(draw):
@@ -386,19 +413,23 @@ def check_admit_thoroughly(cls: type) -> None:
         return (specs, blocks, size, draw(st.integers(1, 6)), draw(_budgets(specs)),
                 draw(st.sampled_from([0.0, 0.1, 0.25])))
 
-    def run(case) -> None:
-        specs, blocks, size, seqs, tokens, mark = case
-        _harness(cls, specs, blocks, size, max_seqs=seqs, max_tokens=tokens, watermark=mark,
-                 mode="admit").drain()
+    def check(subject: type) -> None:
+        check_admit(subject)
 
-    for_all(cases(), run, max_examples=150)
+        def run(case) -> None:
+            specs, blocks, size, seqs, tokens, mark = case
+            _harness(subject, specs, blocks, size, max_seqs=seqs, max_tokens=tokens,
+                     watermark=mark, mode="admit").drain()
+
+        for_all(cases(), run, max_examples=150)
+
+    _one_bug_one_todo(check, cls, ("reserve_decode_slots", "preempt", "swap_in"))
 
 
 @thorough
 def check_reserve_decode_slots_thoroughly(cls: type) -> None:
     """The visible case, then random workloads in pools large enough never to preempt, with
     batch limits, token budgets and watermarks."""
-    check_reserve_decode_slots(cls)
 
     @st.composite
     def cases(draw):
@@ -408,13 +439,18 @@ def check_reserve_decode_slots_thoroughly(cls: type) -> None:
         return (specs, size, draw(st.integers(1, 8)), draw(_budgets(specs, floor=longest)),
                 draw(st.sampled_from([0.0, 0.1])))
 
-    def run(case) -> None:
-        specs, size, seqs, tokens, mark = case
-        blocks = sum(_full_length_blocks(specs, size)) + 1
-        _harness(cls, specs, blocks, size, max_seqs=seqs, max_tokens=tokens,
-                 watermark=mark).drain()
+    def check(subject: type) -> None:
+        check_reserve_decode_slots(subject)
 
-    for_all(cases(), run, max_examples=100)
+        def run(case) -> None:
+            specs, size, seqs, tokens, mark = case
+            blocks = sum(_full_length_blocks(specs, size)) + 1
+            _harness(subject, specs, blocks, size, max_seqs=seqs, max_tokens=tokens,
+                     watermark=mark).drain()
+
+        for_all(cases(), run, max_examples=100)
+
+    _one_bug_one_todo(check, cls, ("admit", "preempt", "swap_in"))
 
 
 @st.composite
@@ -443,26 +479,36 @@ def check_preempt_thoroughly(cls: type) -> None:
     """The visible cases, then random workloads under memory pressure: by recompute to the
     end, and by swap until the first request would come back (with CPU pools from empty to
     room for everyone)."""
-    check_preempt(cls)
 
-    def run(case, preemption, mode) -> None:
-        specs, blocks, size, seqs, tokens, mark, cpu = case
-        _harness(cls, specs, blocks, size, max_seqs=seqs, max_tokens=tokens, watermark=mark,
-                 preemption=preemption, cpu_blocks=cpu, mode=mode).drain()
+    def check(subject: type) -> None:
+        check_preempt(subject)
 
-    for_all(_pressure("recompute"), lambda c: run(c, "recompute", "full"), max_examples=100)
-    for_all(_pressure("swap"), lambda c: run(c, "swap", "no_swap_in"), max_examples=60)
+        def run(case, preemption, mode) -> None:
+            specs, blocks, size, seqs, tokens, mark, cpu = case
+            _harness(subject, specs, blocks, size, max_seqs=seqs, max_tokens=tokens,
+                     watermark=mark, preemption=preemption, cpu_blocks=cpu, mode=mode).drain()
+
+        for_all(_pressure("recompute"), lambda c: run(c, "recompute", "full"),
+                max_examples=100)
+        for_all(_pressure("swap"), lambda c: run(c, "swap", "no_swap_in"), max_examples=60)
+
+    _one_bug_one_todo(check, cls, ("admit", "swap_in") + _unless_right(
+        "reserve_decode_slots", check_reserve_decode_slots, cls))
 
 
 @thorough
 def check_swap_in_thoroughly(cls: type) -> None:
     """The visible cases, then random swap workloads: watermarks, batch limits, token budgets
     and CPU pools from empty to room for everyone."""
-    check_swap_in(cls)
 
-    def run(case) -> None:
-        specs, blocks, size, seqs, tokens, mark, cpu = case
-        _harness(cls, specs, blocks, size, max_seqs=seqs, max_tokens=tokens, watermark=mark,
-                 preemption="swap", cpu_blocks=cpu, steps=MAX_STEPS).drain()
+    def check(subject: type) -> None:
+        check_swap_in(subject)
 
-    for_all(_pressure("swap"), run, max_examples=120)
+        def run(case) -> None:
+            specs, blocks, size, seqs, tokens, mark, cpu = case
+            _harness(subject, specs, blocks, size, max_seqs=seqs, max_tokens=tokens,
+                     watermark=mark, preemption="swap", cpu_blocks=cpu, steps=MAX_STEPS).drain()
+
+        for_all(_pressure("swap"), run, max_examples=120)
+
+    _one_bug_one_todo(check, cls, ("admit", "reserve_decode_slots", "preempt"))
