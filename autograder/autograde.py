@@ -331,16 +331,17 @@ def without_demonstrations(notebook: nbformat.NotebookNode, released: nbformat.N
 def flagged_line(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode
                  ) -> str | None:
     """The first suspicious line the learner wrote: in a code cell they wrote or changed, a
-    line that no code cell of the released notebook holds. Locked and graded cells are the
-    released ones (``restore``) and are skipped; a line the release put there (a
-    demonstration's import of its fixtures, say) stays the course's own in a cell the
-    learner edited around it."""
-    given = {line.strip() for c in released.cells if c.cell_type == "code"
-             for line in c.source.splitlines()}
+    line that the same cell (by cell id) did not hold as released. Locked and graded cells
+    are the released ones (``restore``) and are skipped; a line the release put in a cell (a
+    demonstration's import of its fixtures, say) stays the course's own when the learner
+    edits around it, and counts as theirs in any other cell."""
+    as_released = {c.get("id"): {line.strip() for line in c.source.splitlines()}
+                   for c in released.cells if c.cell_type == "code" and c.get("id")}
     for cell in notebook.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if cell.get("cell_type") != "code" or meta.get("locked") or meta.get("grade"):
             continue
+        given = as_released.get(cell.get("id"), set())
         written = "\n".join(line for line in cell.get("source", "").splitlines()
                             if line.strip() not in given)
         line = suspicious_code(written)

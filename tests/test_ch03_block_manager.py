@@ -177,3 +177,36 @@ def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):
     for other, check in _HIDDEN_OF.items():
         if other != todo and other not in _SAME_METHOD.get(todo, ()):
             getattr(hidden, check)(mutant)
+
+
+def _with_allocate_one_block_too_many(base: type) -> type:
+    """``base`` with the allocate mistake ``num_tokens // block_size + 1`` (one block too
+    many for a prompt that fills its blocks; right otherwise)."""
+
+    class OneTooMany(base):
+        def allocate(self, seq_id, num_tokens):
+            table = super().allocate(seq_id, num_tokens)
+            if num_tokens % self.block_size == 0:
+                self.tables[seq_id].append(self._take_block())
+                table.append(self.tables[seq_id][-1])
+            return table
+
+    return OneTooMany
+
+
+def test_the_note_blames_an_earlier_todo_only_where_it_is_due():
+    """allocate wrong (one block too many for a prompt that fills its blocks) and a
+    copy-on-write that keeps the shared block's reference: test_copy_on_write's scenario
+    allocates 3 tokens (right) and fails on the reference, so the learner reads that failure
+    and its idea, with no note sending them to allocate. With copy-on-write right, the same
+    wrong allocate is what breaks the scenario that fills a block: then the note is due."""
+    from autograder.checks import ch03
+
+    both = _with_allocate_one_block_too_many(dict(
+        (m.__name__, m) for m, _ in MUTANTS["copy_on_write"])["CopyKeepsReference"])
+    with pytest.raises(AssertionError) as failed:
+        ch03.check_copy_on_write(both)
+    assert "fix allocate first" not in str(failed.value)
+    assert "reference" in str(failed.value)
+    with pytest.raises(AssertionError, match="fix allocate first"):
+        ch03.check_copy_on_write(_with_allocate_one_block_too_many(BlockManager))

@@ -74,3 +74,14 @@ def test_a_solution_with_its_demonstrations_edited_keeps_full_marks(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["score"] == max_points(chapter), result
+
+
+def test_a_released_line_copied_into_a_cell_of_the_learners_own_is_theirs():
+    """The line a demonstration imports its fixtures with is the course's in its own cell;
+    copied into a new cell, or a test cell's import written in an answer, it is the
+    learner's, and flagged."""
+    for chapter, line in ((CHAPTERS[5], "from autograder.checks.ch06 import PagedCase"),
+                          (CHAPTERS[0], "from autograder.checks import ch01")):
+        notebook = _edited(chapter, "en")
+        notebook.cells.append(nbformat.v4.new_code_cell(f"{line}\nprint('mine')\n"))
+        assert flagged_line(notebook, _released(chapter, "en")) == line

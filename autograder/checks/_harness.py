@@ -10,6 +10,7 @@ learner's calls with their exceptions turned into hints.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
@@ -71,6 +72,43 @@ def unwritten(text: str) -> AssertionError:
     """The not-written hint for the method that the logged call ``text`` runs: ``allocate``
     for ``bm.allocate(0, 4)``, the class for ``bm = BlockManager(8, 4)``."""
     return AssertionError(not_written(re.split(r"[ .]", text.split("(")[0])[-1]))
+
+
+def blame_where_due(cases: Callable[[type, str | None], None], cls: type,
+                    probes: Mapping[str, Callable[[type], None]], course: type,
+                    *earlier: str, methods: Mapping[str, str] | None = None) -> None:
+    """``cases(cls, None)``: a check's scenarios. Where they fail, the note that an earlier
+    TODO is at fault (``blamed``) replaces the check's idea only where it is due: that TODO
+    fails its own visible cases (``probes``) *and* these scenarios pass with ``course``'s
+    version of it lent (``methods`` names the method a TODO writes, where it differs). Else
+    the learner reads this check's own failure and idea.
+
+    Where the course's version cannot run (an edition without that chapter's answers), no
+    blame is given: the check's own failure is never wrong."""
+    from autograder.borrowing import course_version
+
+    try:
+        cases(cls, None)
+        return
+    except AssertionError as failure:
+        own = failure
+    for todo in earlier:
+        if not _fails(probes[todo], cls):
+            continue
+        method = (methods or {}).get(todo, todo)
+        lent = type(cls.__name__, (cls,), {
+            method: course_version(inspect.getattr_static(course, method))})
+        if not _fails(lambda subject: cases(subject, None), lent):
+            cases(cls, todo)  # the same failure again, now saying which TODO to fix first
+    raise own
+
+
+def _fails(check: Callable[[type], None], cls: type) -> bool:
+    try:
+        check(cls)
+    except Exception:  # a failure, or a stub's NotImplementedError: not a pass either way
+        return True
+    return False
 
 
 def first_failing(cases: Mapping[str, Callable[[type], None]], cls: type,
