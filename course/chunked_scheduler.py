@@ -170,20 +170,22 @@ def schedule_step(scheduler: ChunkedScheduler) -> Schedule:
     """Decide one step. ``budget`` starts at ``scheduler.max_num_batched_tokens``.
 
     1. Running requests, in order (``scheduler.running``, oldest first), while the budget is
-       above 0: first every token of the request without a slot gets one
-       (``manager.append_slot(id, token)`` while ``manager.seq_len(id) < request.num_tokens``).
-       When that raises ``NoFreeBlocksError``, preempt the newest running request (the last
-       of ``scheduler.running``) by recompute: take it out of ``running``, free its blocks,
-       set its ``num_computed_tokens`` to 0, put it at the front of ``waiting``, note its id
-       in ``preempted``; then try again, unless the request preempted was this one. Then
-       schedule ``min(request.num_tokens - request.num_computed_tokens, budget)`` tokens.
+       above 0: first every token of the request without a slot gets one, in order (while
+       ``manager.seq_len(id) < request.num_tokens``:
+       ``manager.append_slot(id, request.tokens[manager.seq_len(id)])``). When that raises
+       ``NoFreeBlocksError``, preempt the newest running request (the last of
+       ``scheduler.running``) by recompute: take it out of ``running``, free its blocks, set
+       its ``num_computed_tokens`` to 0, put it at the front of ``waiting``, note its id in
+       ``preempted``; then try this request again, unless the request preempted was this one
+       (the newest: no running request is left after it, and the pass ends). Then schedule
+       ``min(request.num_tokens - request.num_computed_tokens, budget)`` tokens.
     2. Waiting requests, only if nothing was preempted this step, first come first served,
        while the budget is above 0 and fewer than ``max_num_seqs`` requests run: allocate
        all of its tokens (``hits = manager.allocate(id, request.tokens)``; on
        ``NoFreeBlocksError`` stop admitting); it leaves ``waiting``, joins the end of
        ``running`` with ``num_computed_tokens = hits`` (chapter 4's allocate never counts the
-       last token: there is always one to compute), and is scheduled ``min(num_tokens - hits,
-       budget)`` tokens.
+       block that holds the last token: there is always one to compute), and is scheduled
+       ``min(num_tokens - hits, budget)`` tokens.
 
     Scheduling ``n`` tokens appends ``Chunk(request, request.num_computed_tokens, n)`` to the
     schedule, takes ``n`` from the budget and adds ``n`` to ``request.num_computed_tokens``

@@ -106,6 +106,10 @@ def launch_varlen(kernel, query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     token's request, computed here), the scale, the strides in elements, then GROUP,
     GROUP_PAD, BLOCK_SIZE, BLOCK_PAD, HEAD_DIM and HEAD_PAD."""
     query = query.contiguous()
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or block_tables.stride(1) != 1:
+        raise ValueError("the kernel reads head_dim in the caches and a block table's entries "
+                         "at stride 1: pass caches and block tables whose last dimension is "
+                         "contiguous")
     num_tokens, num_q_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads

@@ -35,3 +35,20 @@ def test_the_kernel_equals_the_reference_on_a_mixed_batch_with_an_odd_head_size(
                       head_dim=20)
     assert torch.allclose(varlen_attention(*case.arguments()),
                           varlen_paged_attention(*case.arguments()), atol=1e-5)
+
+
+def test_the_launcher_refuses_what_the_kernel_reads_at_stride_1():
+    """The kernel reads head_dim and a block table's entries at stride 1 (the text says so):
+    a transposed table or a cache whose last dimension is strided is refused, not misread."""
+    import pytest
+
+    case = VarlenCase([3, 1], [3, 7], block_size=2, q_heads=4, kv_heads=2, head_dim=8)
+    query, k_cache, v_cache, starts, lens, tables, scale = case.arguments()
+    strided_tables = tables.t().contiguous().t()
+    strided_cache = torch.empty(*k_cache.shape[:-1], 2 * k_cache.shape[-1])[..., ::2]
+    strided_cache.copy_(k_cache)
+    assert strided_tables.stride(-1) != 1 and strided_cache.stride(-1) == 2
+    for k, v, table in ((k_cache, v_cache, strided_tables),
+                        (strided_cache, strided_cache, tables)):
+        with pytest.raises(ValueError, match="stride 1"):
+            varlen_attention(query, k, v, starts, lens, table, scale)
