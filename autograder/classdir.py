@@ -1,4 +1,4 @@
-"""A class's nbgrader course directory: setting one up, and reading its settings.
+"""A class's nbgrader course directory: setting one up.
 
     python -m autograder course-dir DIR [--chapters 1-3,5] [--course-id ID] [--exchange PATH]
 
@@ -12,7 +12,6 @@ traceback).
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from autograder import configuration
@@ -58,22 +57,3 @@ def write_course_dir(root: Path, selected: list[Chapter], course_id: str = COURS
             shutil.copyfile(chapter.source, destination)
             written.append(destination)
     return written
-
-
-@dataclass(frozen=True)
-class CourseSettings:
-    db_url: str
-    course_id: str
-
-
-def settings(course: Path) -> CourseSettings:
-    """The gradebook and course id that the course directory's ``nbgrader_config.py`` sets
-    (nbgrader's defaults where it sets none)."""
-    from traitlets.config.loader import PyFileConfigLoader
-
-    config = course / "nbgrader_config.py"
-    loaded = PyFileConfigLoader(config.name, path=str(course)).load_config() \
-        if config.exists() else {}
-    directory = loaded.get("CourseDirectory", {})
-    db_url = directory.get("db_url") or f"sqlite:///{course.resolve() / 'gradebook.db'}"
-    return CourseSettings(str(db_url), str(directory.get("course_id") or ""))

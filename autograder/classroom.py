@@ -227,32 +227,27 @@ def _save_state(path: Path, state: dict) -> None:
     path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
-COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name",
-           "email", "raw_score", "late_submission_penalty", "score", "max_score"]
-
-
 def write_csv(destination: Path, course: ClassCourse, entries: list[Submission]) -> None:
     """``nbgrader export``'s rows (every learner for every chapter the gradebook holds), then
     a row for every file of this run not graded.
 
     Columns: ``nbgrader export``'s, then status (graded, regraded, unchanged, graded
     earlier, not submitted, not graded, ignored), file and message."""
+    columns, rows = course.export()
     this_run = {(e.learner, e.chapter): e for e in entries if e.result.graded}
     with open(destination, "w", newline="", encoding="utf-8") as handle:
-        out = csv.writer(handle)
-        out.writerow([*COLUMNS, "status", "file", "message"])
-        for row in course.export():
+        out = csv.DictWriter(handle, [*columns, "status", "file", "message"], restval="")
+        out.writeheader()
+        for row in rows:
             entry = this_run.get((row["student_id"], row["assignment"]))
             status = entry.status if entry else \
                 "graded earlier" if row["timestamp"] else "not submitted"
-            out.writerow([row[c] for c in COLUMNS] +
-                         [status, entry.origin if entry else "", ""])
+            out.writerow(row | {"status": status, "file": entry.origin if entry else ""})
         for entry in entries:
             if not entry.result.graded:
-                out.writerow(["" if c not in ("assignment", "timestamp", "student_id") else
-                              {"assignment": entry.chapter, "timestamp": entry.when,
-                               "student_id": entry.learner}[c] for c in COLUMNS] +
-                             [entry.status, entry.origin, entry.result.error])
+                out.writerow({"assignment": entry.chapter, "timestamp": entry.when,
+                              "student_id": entry.learner, "status": entry.status,
+                              "file": entry.origin, "message": entry.result.error})
 
 
 def _refusal_page(entry: Submission, destination: Path) -> None:

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 import nbformat
+from nbgrader.api import Gradebook
 from nbgrader.apps import NbGraderAPI
 from nbgrader.plugins import CsvExportPlugin
 from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, SaveAutoGrades
@@ -144,16 +145,15 @@ class ClassCourse:
     def add_learner(self, learner: str) -> None:
         self.book.add_learner(learner)
 
-    def export(self) -> list[dict[str, str]]:
-        """``nbgrader export``'s rows (its own plugin), one per learner and chapter."""
+    def export(self) -> tuple[list[str], list[dict[str, str]]]:
+        """``nbgrader export``'s columns and rows (its own plugin), a row per learner and
+        chapter."""
         with tempfile.TemporaryDirectory(prefix="kv-course-export-") as folder:
             destination = Path(folder) / "grades.csv"
-            from nbgrader.api import Gradebook
-
             with Gradebook(self.db_url, self.course_id) as gradebook:
                 CsvExportPlugin(to=str(destination)).export(gradebook)
-            text = destination.read_text(encoding="utf-8")
-        return list(csv.DictReader(io.StringIO(text)))
+            exported = csv.DictReader(io.StringIO(destination.read_text(encoding="utf-8")))
+            return list(exported.fieldnames or []), list(exported)
 
     @staticmethod
     def _check(outcome: dict) -> None:

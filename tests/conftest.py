@@ -40,6 +40,17 @@ def grade(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedPro
                           capture_output=True, text=True, timeout=1200)
 
 
+def nbgrader(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
+    """``nbgrader ARGS`` in ``cwd``, as an instructor runs it (this environment's programs
+    first: nbgrader calls ``alembic``); fails the test unless it succeeds."""
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
+                                                 os.environ.get("PATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 def max_points(chapter) -> float:
     """The points a chapter's graded cells are worth."""
     notebook = nbformat.read(chapter.source, as_version=4)

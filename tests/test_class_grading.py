@@ -16,7 +16,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import CHAPTERS
+from conftest import CHAPTERS, nbgrader
 
 from autograder import guard, synthetic
 
@@ -49,22 +49,13 @@ def gradebook(db: Path, course_id: str) -> dict[tuple[str, str], tuple[float, dt
                 for a in book.assignments for s in a.submissions}
 
 
-def _nbgrader(*args, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
-                                                 os.environ.get("PATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "nbgrader", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def _submit(home: Path, learner: str, chapter, notebook) -> dt.datetime:
     """A learner fetches ``chapter``, writes ``notebook`` over it and submits; when."""
     fetched = home / chapter.name / f"{chapter.name}.ipynb"
     if not fetched.exists():
-        _nbgrader("fetch_assignment", chapter.name, cwd=home)
+        nbgrader("fetch_assignment", chapter.name, cwd=home)
     nbformat.write(notebook, fetched)
-    _nbgrader("submit", chapter.name, "--student", learner, cwd=home)
+    nbgrader("submit", chapter.name, "--student", learner, cwd=home)
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
@@ -84,8 +75,8 @@ def test_a_class_through_nbgrader_exchange_as_the_readme_says(tmp_path):
     source.write_text(source.read_text().replace("github.com/paged-kv-course/paged-kv-course",
                                                  "git.example.edu/kv/class"))
     for chapter in (FIRST, SECOND):
-        _nbgrader("generate_assignment", chapter.name, cwd=course)
-        _nbgrader("release_assignment", chapter.name, cwd=course)
+        nbgrader("generate_assignment", chapter.name, cwd=course)
+        nbgrader("release_assignment", chapter.name, cwd=course)
     handed_in = {  # learner -> chapter -> (notebook, expected score)
         "20231234": {FIRST: (synthetic.solved(FIRST), full_marks(FIRST)),
                      SECOND: (synthetic.solved(SECOND), full_marks(SECOND))},
@@ -101,7 +92,7 @@ def test_a_class_through_nbgrader_exchange_as_the_readme_says(tmp_path):
         for chapter, (notebook, _) in work.items():
             _submit(home, learner, chapter, notebook)
     for chapter in (FIRST, SECOND):
-        _nbgrader("collect", chapter.name, cwd=course)
+        nbgrader("collect", chapter.name, cwd=course)
 
     done = run("grade-all", "submitted", "--jobs", "2", cwd=course)
     assert done.returncode == 0, done.stderr
@@ -136,7 +127,7 @@ def test_a_class_through_nbgrader_exchange_as_the_readme_says(tmp_path):
 
     late = _submit(tmp_path / "home" / "ada_lovelace", "ada_lovelace", FIRST,
                    synthetic.solved(FIRST))
-    _nbgrader("collect", "--update", FIRST.name, cwd=course)
+    nbgrader("collect", "--update", FIRST.name, cwd=course)
     third = run("grade-all", "submitted", cwd=course)
     assert "4 submission(s): 1 graded now, 3 unchanged" in third.stdout, third.stdout
     assert "ada_lovelace" in third.stderr and "20231234" not in third.stderr  # progress lines
@@ -148,8 +139,8 @@ def test_a_class_through_nbgrader_exchange_as_the_readme_says(tmp_path):
         {k: v for k, v in book.items() if k[0] != "ada_lovelace"}
 
     # nbgrader's own autograde and feedback on the same course, with the shipped config
-    _nbgrader("autograde", FIRST.name, "--student", "bo.b-3", "--force", cwd=course)
-    _nbgrader("generate_feedback", FIRST.name, "--student", "bo.b-3", "--force", cwd=course)
+    nbgrader("autograde", FIRST.name, "--student", "bo.b-3", "--force", cwd=course)
+    nbgrader("generate_feedback", FIRST.name, "--student", "bo.b-3", "--force", cwd=course)
     page = (course / "feedback" / "bo.b-3" / FIRST.name / f"{FIRST.name}.html").read_text()
     assert "FAILED" in page and "BEGIN HIDDEN TESTS" not in page
     assert "_thoroughly(" not in page and "output_error" not in page  # no traceback output

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import CHAPTERS
+from conftest import CHAPTERS, nbgrader
 
 from autograder import synthetic
 
@@ -33,15 +32,6 @@ DUE = dt.datetime(2026, 11, 30, 12, 0, 0)
 ON_TIME = DUE - dt.timedelta(hours=2)
 LATE = DUE + dt.timedelta(hours=12, minutes=30)
 MANUAL = "a b"
-
-
-def _nbgrader(*args, cwd: Path) -> str:
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
-                                                 os.environ.get("PATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "nbgrader", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout + done.stderr
 
 
 def _grade_all(course: Path, *options: str) -> subprocess.CompletedProcess:
@@ -85,7 +75,7 @@ def _cells(course: Path) -> dict:
 
 
 def _export(course: Path) -> list[dict]:
-    _nbgrader("export", "--to", "export.csv", cwd=course)
+    nbgrader("export", "--to", "export.csv", cwd=course)
     with open(course / "export.csv", newline="") as handle:
         return sorted(csv.DictReader(handle), key=lambda row: row["student_id"])
 
@@ -108,8 +98,8 @@ def graded(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
     stock = root / "class"
     with open(stock / "nbgrader_config.py", "a") as config:
         config.write("c.LateSubmissionPlugin.penalty_method = 'zero'\n")
-    _nbgrader("db", "assignment", "add", NAME, f"--duedate={DUE.isoformat()}", cwd=stock)
-    _nbgrader("generate_assignment", NAME, cwd=stock)
+    nbgrader("db", "assignment", "add", NAME, f"--duedate={DUE.isoformat()}", cwd=stock)
+    nbgrader("generate_assignment", NAME, cwd=stock)
     _hand_in(stock, "s0012345", synthetic.solved(CHAPTER), ON_TIME)
     _hand_in(stock, "anna.li", synthetic.solved(CHAPTER), LATE)
     _hand_in(stock, "李明", synthetic.solved(CHAPTER, 0.5), ON_TIME, stray=True)
@@ -118,12 +108,12 @@ def graded(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
     ours = root / "moved" / "copy of the class"  # a copied class keeps working where it is
     shutil.copytree(stock, ours)
 
-    _nbgrader("autograde", NAME, "--force", cwd=stock)
+    nbgrader("autograde", NAME, "--force", cwd=stock)
     _grade_all(ours)
     for course in (stock, ours):  # between the rounds: a late resubmission, a manual grade
         _hand_in(course, "o'brien", synthetic.solved(CHAPTER), LATE)
         _give_manual_grade(course)
-    _nbgrader("autograde", NAME, "--force", cwd=stock)
+    nbgrader("autograde", NAME, "--force", cwd=stock)
     again = _grade_all(ours, "--regrade")
     return stock, ours, again
 
@@ -172,8 +162,9 @@ def test_nbgraders_feedback_commands_work_after_grade_all(graded):
     page = ours / "feedback" / "anna.li" / NAME / f"{NAME}.html"
     assert page.exists() and "BEGIN HIDDEN TESTS" not in page.read_text()
     assert str(ours.parent) not in page.read_text()  # no server path on a learner's page
-    _nbgrader("generate_feedback", NAME, "--force", cwd=ours)
-    released = _nbgrader("release_feedback", NAME, cwd=ours)
+    nbgrader("generate_feedback", NAME, "--force", cwd=ours)
+    done = nbgrader("release_feedback", NAME, cwd=ours)
+    released = done.stdout + done.stderr
     assert "anna.li" in released
     assert len(list((ours.parent.parent / "exchange").rglob("*.html"))) == 5
 
