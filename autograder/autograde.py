@@ -48,6 +48,7 @@ from autograder.chapters import NotGradable
 from autograder.configuration import COURSE_ID
 from autograder.guard import suspicious_code
 from autograder.nbgrader_main import SCORES
+from autograder.release_history import released_lines
 from autograder.report import NOT_GRADED, NotebookResult, result_of
 from autograder.restore import rebuild
 from autograder.sandbox import Limits, run
@@ -159,7 +160,7 @@ class Grader:
         tests = _test_cells(job.source)
         released = self.released(job.chapter, job.source)
         rebuilt = rebuild(nbformat.from_dict(job.notebook), released)
-        flagged = flagged_line(rebuilt.notebook, released)
+        flagged = flagged_line(rebuilt.notebook, released, released_lines(job.chapter))
         if flagged:
             return self._zero(job, tests, f"not graded: a cell of this notebook reaches for "
                                           f"the grader ({flagged!r}); remove it and resubmit",
@@ -328,11 +329,12 @@ def without_demonstrations(notebook: nbformat.NotebookNode, released: nbformat.N
     return trimmed
 
 
-def flagged_line(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode
-                 ) -> str | None:
+def flagged_line(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode,
+                 earlier: dict[str, set[str]] | None = None) -> str | None:
     """The first suspicious line the learner wrote: in a code cell they wrote or changed, a
-    line that the same cell (by cell id) did not hold as released. Locked and graded cells
-    are the released ones (``restore``) and are skipped; a line the release put in a cell (a
+    line that the same cell (by cell id) did not hold as released, nor in an ``earlier``
+    release (cell id -> its lines, ``release_history``). Locked and graded cells are the
+    released ones (``restore``) and are skipped; a line a release put in a cell (a
     demonstration's import of its fixtures, say) stays the course's own when the learner
     edits around it, and counts as theirs in any other cell."""
     as_released = {c.get("id"): {line.strip() for line in c.source.splitlines()}
@@ -341,7 +343,8 @@ def flagged_line(notebook: nbformat.NotebookNode, released: nbformat.NotebookNod
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if cell.get("cell_type") != "code" or meta.get("locked") or meta.get("grade"):
             continue
-        given = as_released.get(cell.get("id"), set())
+        given = as_released.get(cell.get("id"), set()) | (earlier or {}).get(cell.get("id"),
+                                                                            set())
         written = "\n".join(line for line in cell.get("source", "").splitlines()
                             if line.strip() not in given)
         line = suspicious_code(written)

@@ -7,6 +7,8 @@ strips the hidden tests and records checksums; the result is copied to
 ``exercises/NN_slug.ipynb`` with outputs cleared. Each translation
 (``autograder.translation``) is written from the rendered English notebook and its catalogue
 into ``solutions/<language>/``, and released the same way into ``exercises/<language>/``.
+The lines each release puts in a learner's given cells that reach for the grader are added to
+``autograder/release_history.json``, so a notebook of this release stays gradable later.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import nbformat
 
 from autograder.autograde import Grader
 from autograder.chapters import EXERCISES, Chapter, chapters
+from autograder.release_history import HISTORY, remember
 from autograder.render import render
 from autograder.translation import TRANSLATED, build, notebook_catalogue
 
@@ -75,8 +78,12 @@ def release_all(destination: Path = EXERCISES) -> list[Path]:
     for language in (None, *TRANSLATED):
         folder = destination / (language or "")
         folder.mkdir(parents=True, exist_ok=True)
+        released = {}
         for chapter in chapters().values():
             path = folder / f"{chapter.name}.ipynb"
             path.write_text(render_exercise(grader, chapter, language), encoding="utf-8")
+            released[chapter.name] = nbformat.read(path, as_version=4)
             written.append(path)
+        if remember(released):
+            written.append(HISTORY)
     return written

@@ -180,6 +180,12 @@ def engine_step(engine: ChunkedEngine, plan: Schedule) -> None:
     ### END SOLUTION
 
 
+def engine_requests(specs: list[tuple[list[int], int, int]]) -> list[ChunkedRequest]:
+    """Requests numbered 0, 1, ... from ``(prompt, output_len, arrival)`` triples."""
+    return [ChunkedRequest(i, list(prompt), output_len, arrival)
+            for i, (prompt, output_len, arrival) in enumerate(specs)]
+
+
 def serve_chunked(engine: ChunkedEngine, requests: list[ChunkedRequest],
                   max_steps: int = 10_000) -> list[ChunkedRequest]:
     """Run ``requests`` (each joining at step ``arrival``) to completion, in finishing

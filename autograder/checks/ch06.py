@@ -1,83 +1,29 @@
 """Visible checks for chapter 6, paged KV in PyTorch: each TODO's readable case.
 
-Every case is built here: a pool filled with NaN garbage, physical blocks shuffled, K/V placed
-slot by slot. Expected outputs, and what known mistakes give, come from the chapter's hidden
-module (``autograder.private``), asked by the case's description (its shapes and seed), never
-with anything the code under test produced; the thorough checks are there too. Outputs are
+Every case is a ``course.paged_cases.PagedCase``: a pool filled with NaN garbage, physical
+blocks shuffled, K/V placed slot by slot. Expected outputs, and what known mistakes give,
+come from the chapter's hidden module (``autograder.private``), asked by the case's
+description (its shapes and seed), never with anything the code under test produced; the
+thorough checks are there too. Outputs are
 compared at tolerances suited to their dtype, and a NaN anywhere in an output means garbage
 from an unused slot leaked in.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 
 from autograder.checks._helpers import learner_call
 from autograder.private import private, visible
+from course.paged_cases import PagedCase, dtype_name
 
 # (atol, rtol). An fp16 output must be the exact answer rounded to fp16 (what fp32
 # arithmetic gives): within 2^-10 of it, relatively; fp16 arithmetic misses by more.
 TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-4, 2**-10)}
 LOOSE_FP16 = (3e-3, 1e-2)  # where fp16 arithmetic lands
 SEED = 2026
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float16`` -> ``"float16"``: how a case names its dtype to a private question."""
-    return str(dtype).split(".")[-1]
-
-
-class PagedCase:
-    """Sequences of the given lengths in a NaN-filled pool with shuffled physical blocks."""
-
-    def __init__(self, lengths, block_size, q_heads, kv_heads, head_dim=16,
-                 dtype=torch.float32, seed=SEED, *, query_scale=1.0):
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        gen = torch.Generator().manual_seed(seed)
-        self.lengths, self.block_size = list(lengths), block_size
-        self.q_heads, self.kv_heads, self.dtype = q_heads, kv_heads, dtype
-        self.head_dim, self.seed = head_dim, seed
-        per_seq = [-(-n // block_size) for n in self.lengths]
-        num_blocks = sum(per_seq) + 3
-        order = torch.randperm(num_blocks, generator=gen).tolist()
-        self.k_cache = torch.full((num_blocks, block_size, kv_heads, head_dim), float("nan"),
-                                  dtype=dtype)
-        self.v_cache = self.k_cache.clone()
-        max_blocks = max(per_seq) + 1
-        self.tables = torch.zeros(len(self.lengths), max_blocks, dtype=torch.int32)
-        self.keys, self.values = [], []
-        for seq, (length, count) in enumerate(zip(self.lengths, per_seq, strict=True)):
-            blocks = [order.pop() for _ in range(count)]
-            self.tables[seq, :count] = torch.tensor(blocks, dtype=torch.int32)
-            keys = torch.randn(length, kv_heads, head_dim, generator=gen).to(dtype)
-            values = torch.randn(length, kv_heads, head_dim, generator=gen).to(dtype)
-            for p in range(length):
-                self.k_cache[blocks[p // block_size], p % block_size] = keys[p]
-                self.v_cache[blocks[p // block_size], p % block_size] = values[p]
-            self.keys.append(keys)
-            self.values.append(values)
-        # query_scale > 1 sharpens the softmax (large scores), where fp16 arithmetic shows
-        self.query_scale = query_scale
-        self.query = (torch.randn(len(self.lengths), q_heads, head_dim, generator=gen)
-                      * query_scale).to(dtype)
-        self.scale = 1 / math.sqrt(head_dim)
-        self.seq_lens = torch.tensor(self.lengths, dtype=torch.int32)
-
-    def spec(self) -> dict:
-        """What builds this case again: the arguments a private question is asked with."""
-        spec = dict(lengths=self.lengths, block_size=self.block_size, q_heads=self.q_heads,
-                    kv_heads=self.kv_heads, head_dim=self.head_dim,
-                    dtype=dtype_name(self.dtype), seed=self.seed)
-        return spec | ({} if self.query_scale == 1.0 else {"query_scale": self.query_scale})
-
-    def describe(self) -> str:
-        return (f"lengths {self.lengths}, block size {self.block_size}, {self.q_heads} query "
-                f"heads over {self.kv_heads} KV heads, {dtype_name(self.dtype)}"
-                + ("" if self.query_scale == 1.0 else
-                   f", queries scaled by {self.query_scale:g} (a sharp softmax)"))
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype, tolerance=None) -> bool:

@@ -31,7 +31,6 @@ answer on either machine. The interpreter's audit does not run on a GPU.
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Callable
 
@@ -40,26 +39,17 @@ import torch
 
 from autograder.checks._helpers import learner_call, not_written
 from autograder.checks._memory_audit import MemoryAudit, nearest
-from autograder.checks.ch06 import PagedCase, dtype_name
 from autograder.private import private, visible
+from course.paged_cases import KERNEL_SEED as SEED
+from course.paged_cases import KernelCase, dtype_name, kernel_device, on_gpu
 from kernels.paged_attention import launch
 from kernels.split_kv import run_merge_kernel, run_split_kernel
 
-SEED = 2027
 GPU_BLOCK = 16
 """The block size every case takes on a GPU: tl.dot's K >= 16 for 16-bit inputs there."""
 _TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (3e-3, 1e-2),
               torch.bfloat16: (2e-2, 5e-2)}  # (atol, rtol)
 _TF32 = (2e-3, 2e-3)  # fp32 tl.dot on a GPU multiplies in TF32 (10-bit mantissa)
-
-
-def on_gpu() -> bool:
-    """Whether kernels compile for a CUDA GPU (rather than run on the interpreter)."""
-    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-
-
-def _device() -> str:
-    return "cuda" if on_gpu() else "cpu"
 
 
 def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -83,52 +73,6 @@ def gpu_twin(spec: dict) -> dict:
         return dict(spec)
     lengths = [n // block * GPU_BLOCK + n % block for n in spec["lengths"]]
     return dict(spec, lengths=lengths, block_size=GPU_BLOCK)
-
-
-class KernelCase(PagedCase):
-    """A chapter-6 case on the device the kernels run on, its block tables a strided view
-    into a wider buffer (every other entry names a decoy block of finite values) and its
-    pool a view with a poisoned (NaN) block before it and two after it."""
-
-    def __init__(self, lengths, block_size, q_heads, kv_heads, head_dim=16,
-                 dtype=torch.float32, seed=SEED):
-        super().__init__(lengths, block_size, q_heads, kv_heads, head_dim, dtype, seed)
-        dtype = self.dtype
-        used = set()
-        for seq, length in enumerate(self.lengths):
-            used |= set(self.tables[seq, :-(-length // block_size)].tolist())
-        decoy = max(set(range(self.k_cache.shape[0])) - used)
-        gen = torch.Generator().manual_seed(seed + 1)
-        self.k_cache[decoy] = torch.randn(self.k_cache[decoy].shape, generator=gen).to(dtype)
-        self.v_cache[decoy] = torch.randn(self.v_cache[decoy].shape, generator=gen).to(dtype)
-        self.decoy = decoy
-        rows, width = self.tables.shape
-        wide = torch.full((max(rows, width) + 1, width + 3), decoy, dtype=torch.int32)
-        for seq, length in enumerate(self.lengths):
-            count = -(-length // block_size)
-            wide[seq, :count] = self.tables[seq, :count]
-        device = _device()
-        self.wide = wide.to(device)
-        self.tables = self.wide[:rows, :width]  # row stride width + 3
-        for name in ("k_cache", "v_cache"):
-            pool = getattr(self, name)
-            buffer = torch.full((pool.shape[0] + 3, *pool.shape[1:]), float("nan"), dtype=dtype)
-            buffer[1:1 + pool.shape[0]] = pool
-            setattr(self, name, buffer.to(device)[1:1 + pool.shape[0]])
-        for name in ("seq_lens", "query"):
-            setattr(self, name, getattr(self, name).to(device))
-
-    def arguments(self) -> tuple:
-        """query, k_cache, v_cache, block_tables, seq_lens, scale: a decode call's arguments."""
-        return self.query, self.k_cache, self.v_cache, self.tables, self.seq_lens, self.scale
-
-    def blocks(self, seq: int) -> int:
-        """How many table entries sequence ``seq`` uses."""
-        return -(-self.lengths[seq] // self.block_size)
-
-    def describe(self) -> str:
-        return (super().describe() + f", head size {self.head_dim}, block table row stride "
-                f"{self.tables.stride(0)}")
 
 
 def device_case(lengths, block_size, q_heads, kv_heads, head_dim=16, dtype=torch.float32,
@@ -589,7 +533,7 @@ def _merge(fn: Callable, ask: Callable, seqs: int, heads: int, splits: int, head
     """The learner's merge of ``merge_inputs`` against ``ask``'s: the merged softmax, and
     what adding the partials without rescaling gives."""
     want, plain = ask(seqs=seqs, heads=heads, splits=splits, head_dim=head_dim, spread=spread)
-    device = _device()
+    device = kernel_device()
     partials = [t.float().to(device) for t in merge_inputs(seqs, heads, splits, head_dim,
                                                            spread)]
     with MemoryAudit() as audit, quiet():

@@ -10,20 +10,18 @@ checks are too.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
 
 from autograder.checks._helpers import LearnerRaised, learner_call
-from autograder.checks.ch06 import PagedCase, dtype_name
 from autograder.private import private, visible
-from course.chunked_engine import ChunkedEngine, serve_chunked
+from course.chunked_engine import ChunkedEngine, engine_requests, serve_chunked
 from course.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Schedule
+from course.paged_cases import VARLEN_SEED as SEED
+from course.paged_cases import VarlenCase, on_gpu
 from course.tiny_model import TinyModel
 from kernels.varlen_attention import launch_varlen
-
-SEED = 2031
 
 # --- schedule_step ---------------------------------------------------------------------------
 
@@ -206,47 +204,8 @@ _TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (3e-3, 1e-2),
               torch.bfloat16: (2e-2, 5e-2)}  # (atol, rtol)
 
 
-def _on_gpu() -> bool:
-    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-
-
-class VarlenCase(PagedCase):
-    """Requests with contexts ``seq_lens`` (their K/V in a NaN-filled pool, shuffled
-    blocks) and ``q_lens`` new query tokens each, packed."""
-
-    def __init__(self, q_lens, seq_lens, block_size, q_heads, kv_heads, head_dim=16,
-                 dtype=torch.float32, seed=SEED, device="cpu"):
-        super().__init__(seq_lens, block_size, q_heads, kv_heads, head_dim, dtype, seed)
-        self.q_lens = list(q_lens)
-        gen = torch.Generator().manual_seed(seed + 7)
-        self.query = torch.randn(sum(self.q_lens), q_heads, head_dim, generator=gen
-                                 ).to(self.dtype)
-        starts = [0]
-        for q_len in self.q_lens:
-            starts.append(starts[-1] + q_len)
-        self.query_start_loc = torch.tensor(starts, dtype=torch.int32)
-        self.device = device
-        for name in ("k_cache", "v_cache", "tables", "seq_lens", "query", "query_start_loc"):
-            setattr(self, name, getattr(self, name).to(device))
-
-    def spec(self) -> dict:
-        spec = super().spec()
-        spec["seq_lens"] = spec.pop("lengths")
-        return dict(q_lens=self.q_lens, **spec)
-
-    def arguments(self) -> tuple:
-        """query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale."""
-        return (self.query, self.k_cache, self.v_cache, self.query_start_loc, self.seq_lens,
-                self.tables, self.scale)
-
-    def describe(self) -> str:
-        return (f"query lengths {self.q_lens}, seq_lens {self.lengths}, blocks of "
-                f"{self.block_size}, {self.q_heads} query heads over {self.kv_heads} KV heads, "
-                f"head_dim {self.head_dim}, {dtype_name(self.dtype)}")
-
-
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
-    atol, rtol = (2e-3, 2e-3) if dtype == torch.float32 and _on_gpu() else _TOLERANCE[dtype]
+    atol, rtol = (2e-3, 2e-3) if dtype == torch.float32 and on_gpu() else _TOLERANCE[dtype]
     return torch.allclose(got.double().cpu(), want.double().cpu(), atol=atol, rtol=rtol,
                           equal_nan=True)
 
@@ -318,7 +277,7 @@ KERNEL_CASE = dict(q_lens=[3, 1, 2], seq_lens=[6, 5, 2], block_size=4, q_heads=4
 @visible
 def check_varlen_attention_kernel(fn: Callable) -> None:
     """The same three requests through the kernel, head_dim 12 (padded to 16, masked)."""
-    case = VarlenCase(**KERNEL_CASE, device="cuda" if _on_gpu() else "cpu")
+    case = VarlenCase(**KERNEL_CASE, device="cuda" if on_gpu() else "cpu")
     run_kernel(fn, case, ask_attention(case))
 
 
@@ -435,11 +394,6 @@ def compare_runs(model, finished: list, requests: list, label: str) -> None:
                 f"{len(request.prompt)} tokens) generated {got.output[:index + 1]}..., its "
                 f"contiguous run {tokens[:index + 1]}...; the logits of output token {index} "
                 f"differ. {hint}{STEP_IDEA}")
-
-
-def engine_requests(specs: list[tuple]) -> list[ChunkedRequest]:
-    return [ChunkedRequest(i, list(prompt), output_len, arrival)
-            for i, (prompt, output_len, arrival) in enumerate(specs)]
 
 
 def run_engine(fn: Callable, specs: list[tuple], block_size: int, num_blocks: int,

@@ -25,8 +25,6 @@ from autograder.checks._helpers import for_all, learner_call
 from autograder.checks.ch09 import (
     MAX_STEPS,
     SEED,
-    VarlenCase,
-    _on_gpu,
     arrive,
     compare_attention,
     make_scheduler,
@@ -44,6 +42,7 @@ from course.chunked_scheduler import (
     Schedule,
     schedule_step,
 )
+from course.paged_cases import VarlenCase, on_gpu
 from kernels.varlen_attention_ref import varlen_paged_attention
 
 # --- schedule_step ---------------------------------------------------------------------------
@@ -243,9 +242,9 @@ def check_varlen_paged_attention_thoroughly(fn: Callable) -> None:
 def check_varlen_attention_kernel_thoroughly(fn: Callable) -> None:
     """Decodes only, block size 1, MQA with head_dim 24, fp16, and on a GPU longer contexts
     with head_dim 128."""
-    device = "cuda" if _on_gpu() else "cpu"
+    device = "cuda" if on_gpu() else "cpu"
     cases = _attention_cases(kernel=True)
-    if _on_gpu():
+    if on_gpu():
         cases += [dict(q_lens=[128, 1, 1, 300], seq_lens=[1000, 2048, 77, 300],
                        block_size=16, q_heads=32, kv_heads=8, head_dim=128,
                        dtype=torch.bfloat16)]
@@ -296,7 +295,7 @@ def check_engine_step_thoroughly(fn: Callable) -> None:
         run_engine(fn, specs, block_size, num_blocks, budget, schedule_step,
                    _course_attention,
                    f"(budget {budget}, blocks of {block_size}, a pool of {num_blocks})")
-    gpu = _on_gpu()
+    gpu = on_gpu()
     run_engine(fn, _engine_specs(3, 5, max_prompt=5, max_output=3, spread=2),
                16 if gpu else 4, 12, 3, schedule_step, _course_kernel,
                "(budget 3, through the Triton kernel)", "cuda" if gpu else "cpu")
