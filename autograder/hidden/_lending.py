@@ -9,14 +9,21 @@ versions of the methods it builds on where the learner's class fails it.
         v
     the learner's own failure, shrunk to its smallest case: this TODO's bug
 
-Both runs see the TODOs the notebook defines after the test (a test runs where its cell
+A TODO written as a function calls the earlier TODOs by their names in the notebook's
+namespace: ``one_bug_one_todo_of_function`` lends by running a copy of the learner's function
+whose global names of those TODOs are the course's (a helper of the learner's own that calls
+them is not reached).
+
+Both runs of a class see the TODOs the notebook defines after the test (a test runs where its cell
 stands) as the course's: their absence is no one's bug.
 """
 
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from autograder.borrowing import course_version
 from autograder.checks._helpers import verdict_only
@@ -49,4 +56,35 @@ def one_bug_one_todo(check: Callable[[type], None], cls: type, course: type,
                 check(type(cls.__name__, (own_class,), lent))
         except AssertionError as failed_with_lent:
             check(own_class)  # the same cases again, shrunk: the learner reads the smallest
+            raise failed_with_lent from None
+
+
+def with_globals(fn: Callable, lent: Mapping[str, Any]) -> Callable:
+    """A copy of the function ``fn`` that finds the names ``lent`` as given, every other
+    global name as ``fn`` does (the notebook's namespace)."""
+    copy = types.FunctionType(fn.__code__, {**fn.__globals__, **lent}, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
+def one_bug_one_todo_of_function(check: Callable[[Callable], None], fn: Callable,
+                                 course: Mapping[str, Any]) -> None:
+    """``check`` on the learner's function ``fn``; where it fails, again on ``fn`` with the
+    earlier TODOs it calls (``course``: name -> the course's answer) lent. Fails, with the
+    learner's own failure, only where both fail. A callable that is not a plain function (a
+    class, a ``functools.partial``) is checked as it is."""
+    if not isinstance(fn, types.FunctionType):
+        check(fn)
+        return
+    try:
+        with verdict_only():
+            check(fn)
+    except AssertionError:
+        lent = {name: course_version(value) for name, value in course.items()}
+        try:
+            with verdict_only():
+                check(with_globals(fn, lent))
+        except AssertionError as failed_with_lent:
+            check(fn)
             raise failed_with_lent from None
