@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
-from autograder.checks.ch09 import arrive, make_scheduler, simulate
+from autograder.checks.ch09 import begin_step, make_scheduler, simulate
 from autograder.hidden.ch09 import _scenarios, model_step
 from course.chunked_scheduler import ChunkedRequest, ChunkedScheduler, schedule_step
 
@@ -21,11 +21,11 @@ def test_the_answer_and_the_model_agree_on_every_scenario(scenario):
     for step in range(400):
         if step > max(r.arrival for r in requests) and not course.busy():
             break
-        arrive(course, requests, step)
-        arrive(model, twins, step)
+        begin_step(course, requests, scenario, step)
+        begin_step(model, twins, scenario, step)
         plan, seen = simulate(course, step, schedule_step)
         assert seen == simulate(model, step, model_step)[1]
-        assert plan.total_num_scheduled_tokens <= scenario["budget"]
+        assert plan.total_num_scheduled_tokens <= course.max_num_batched_tokens
         assert all(c.num_tokens >= 1 and c.end <= c.request.num_tokens + 1 for c in plan.chunks)
         assert all(r.num_computed_tokens == 0 for r in course.waiting)
         manager = course.manager

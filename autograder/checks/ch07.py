@@ -41,7 +41,7 @@ from autograder.checks._helpers import learner_call, not_written
 from autograder.checks._memory_audit import MemoryAudit, nearest
 from autograder.private import private, visible
 from course.paged_cases import KERNEL_SEED as SEED
-from course.paged_cases import KernelCase, dtype_name, kernel_device, on_gpu
+from course.paged_cases import KernelCase, PagedCase, dtype_name, kernel_device, on_gpu
 from kernels.paged_attention import launch
 from kernels.split_kv import run_merge_kernel, run_split_kernel
 
@@ -214,8 +214,8 @@ def _program(program: tuple[int, ...], per_query_head: bool) -> str:
             f"{program[1]})")
 
 
-def _store_finding(audit: MemoryAudit, out: torch.Tensor, owns: Callable, who: Callable,
-                   label: str, rows: int, columns: int) -> str:
+def store_finding(audit: MemoryAudit, out: torch.Tensor, owns: Callable, who: Callable,
+                  label: str, rows: int, columns: int) -> str:
     """The first store into ``out`` (a contiguous tensor named ``label``) outside the storing
     program's own elements (``owns(program, index) -> bool array``), or a store that writes
     one element twice; '' if none. ``rows``/``columns``: the real rows and columns of a
@@ -272,8 +272,10 @@ def _table_finding(audit: MemoryAudit, case: KernelCase, allowed: Callable, who:
     return ""
 
 
-def _stray_finding(audit: MemoryAudit, case: KernelCase, who: Callable,
+def _stray_finding(audit: MemoryAudit, case: PagedCase, who: Callable,
                    extra: dict[str, torch.Tensor]) -> str:
+    """The first store, then load, at an address in none of the case's tensors and
+    ``extra``'s (a kernel's other arguments), as a hint; '' if none."""
     tensors = {"query": case.query, "k_cache": case.k_cache, "v_cache": case.v_cache,
                "block_tables": case.tables, "seq_lens": case.seq_lens} | extra
     for kind in ("store", "load"):
@@ -304,7 +306,7 @@ def decode_audit(audit: MemoryAudit, case: KernelCase, out, per_query_head: bool
             first, count = (program[1], 1) if per_query_head else (program[1] * group, group)
             return (seq == program[0]) & (head >= first) & (head < first + count)
 
-        return (_store_finding(audit, out, owns, who, "out", group, case.head_dim)
+        return (store_finding(audit, out, owns, who, "out", group, case.head_dim)
                 or _table_finding(audit, case, lambda p: (p[0], 0, case.blocks(p[0])), who)
                 or _stray_finding(audit, case, who, {"out": out}))
     return seen
@@ -428,7 +430,7 @@ def split_audit(audit: MemoryAudit, case: KernelCase, partials, num_splits: int
 
         for label, tensor in zip(("the m partials", "the l partials", "the acc partials"),
                                  partials, strict=True):
-            found = _store_finding(audit, tensor, owns, who, label, group, case.head_dim)
+            found = store_finding(audit, tensor, owns, who, label, group, case.head_dim)
             if found:
                 return found
         return (_table_finding(audit, case, allowed, who)
@@ -522,7 +524,7 @@ def merge_audit(audit: MemoryAudit, out) -> Callable[[], str]:
         def owns(program, index):
             return (index[0] == program[0]) & (index[1] == program[1])
 
-        return _store_finding(audit, out, owns,
+        return store_finding(audit, out, owns,
                               lambda p: f"program (seq {p[0]}, query head {p[1]})", "out", 1,
                               out.shape[2])
     return seen

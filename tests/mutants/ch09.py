@@ -13,10 +13,12 @@ import torch
 from course.block_manager import NoFreeBlocksError
 from course.chunked_scheduler import Chunk, Schedule
 from course.prefix_cache import prefix_keys
+from mutants import Rule
 
 
 def _scheduler_with(prefill_first=False, clip_budget=True, clip_remaining=True,
-                    whole_hit=False, reset=True):
+                    whole_hit=False, reset=True, admit_after_preemption=False,
+                    slots_before_budget=False):
     """The scheduling step with one rule misread."""
 
     def schedule_step(scheduler):
@@ -29,7 +31,28 @@ def _scheduler_with(prefill_first=False, clip_budget=True, clip_remaining=True,
             request.num_computed_tokens += n
             budget[0] -= n
 
+        def slots(request):
+            while manager.seq_len(request.id) < request.num_tokens:
+                manager.append_slot(request.id, request.tokens[manager.seq_len(request.id)])
+
+        def every_slot_first():
+            """Every running request's slots before any budget is spent (the rule takes
+            them inside the budget loop, for the requests it schedules)."""
+            index = 0
+            while index < len(scheduler.running):
+                try:
+                    slots(scheduler.running[index])
+                    index += 1
+                except NoFreeBlocksError:
+                    victim = scheduler.running.pop()
+                    manager.free(victim.id)
+                    victim.num_computed_tokens = 0
+                    scheduler.waiting.appendleft(victim)
+                    plan.preempted.append(victim.id)
+
         def running():
+            if slots_before_budget:
+                every_slot_first()
             index = 0
             while index < len(scheduler.running) and budget[0] > 0:
                 request = scheduler.running[index]
@@ -52,7 +75,8 @@ def _scheduler_with(prefill_first=False, clip_budget=True, clip_remaining=True,
                 index += 1
 
         def waiting():
-            while (not plan.preempted and scheduler.waiting and budget[0] > 0
+            while ((admit_after_preemption or not plan.preempted) and scheduler.waiting
+                   and budget[0] > 0
                    and len(scheduler.running) < scheduler.max_num_seqs):
                 request = scheduler.waiting[0]
                 try:
@@ -86,9 +110,9 @@ def _named(fn, name):
     return fn
 
 
-def _attention_with(seen):
+def _attention_with(seen, precision=torch.float32):
     """The PyTorch reference with query j of a request seeing ``seen(start, q_len, seq_len,
-    j)`` keys."""
+    j)`` keys, its arithmetic in ``precision`` (None: the query's dtype)."""
 
     def varlen_paged_attention(query, k_cache, v_cache, query_start_loc, seq_lens,
                                block_tables, scale):
@@ -100,13 +124,14 @@ def _attention_with(seen):
             start, end = int(query_start_loc[seq]), int(query_start_loc[seq + 1])
             length = int(seq_lens[seq])
             table = block_tables[seq, : -(-length // block_size)].long()
-            keys = k_cache[table].reshape(-1, num_kv_heads, head_dim)[:length].float()
-            values = v_cache[table].reshape(-1, num_kv_heads, head_dim)[:length].float()
+            dtype = precision or query.dtype
+            keys = k_cache[table].reshape(-1, num_kv_heads, head_dim)[:length].to(dtype)
+            values = v_cache[table].reshape(-1, num_kv_heads, head_dim)[:length].to(dtype)
             keys = keys.repeat_interleave(group, dim=1)
             values = values.repeat_interleave(group, dim=1)
             for j in range(end - start):
                 count = seen(start, end - start, length, j)
-                scores = torch.einsum("hd,khd->hk", query[start + j].float(),
+                scores = torch.einsum("hd,khd->hk", query[start + j].to(dtype),
                                       keys[:count]) * scale
                 out[start + j] = torch.einsum("hk,khd->hd", scores.softmax(dim=-1),
                                               values[:count]).to(query.dtype)
@@ -116,7 +141,7 @@ def _attention_with(seen):
 
 
 def _engine_step_with(sample_every_chunk=False, write_first=True, positions_from_zero=False,
-                      first_row=False):
+                      first_row=False, sample_past_the_prompt=False):
     from kernels.paged_attention_ref import write_kv
 
     def engine_step(engine, plan):
@@ -138,7 +163,11 @@ def _engine_step_with(sample_every_chunk=False, write_first=True, positions_from
         rows = batch.query_start_loc[:-1] if first_row else batch.query_start_loc[1:] - 1
         logits = model.logits(x[rows.long()])
         for chunk, row in zip(plan.chunks, logits, strict=True):
-            if sample_every_chunk or chunk.end == chunk.request.num_tokens:
+            request = chunk.request
+            if sample_past_the_prompt:  # once the prompt is in, as if only prompts recomputed
+                if chunk.end >= len(request.prompt):
+                    request.emit(int(row.argmax()), row)
+            elif sample_every_chunk or chunk.end == request.num_tokens:
                 chunk.request.emit(int(row.argmax()), row)
 
     return engine_step
@@ -171,6 +200,11 @@ def _kernels():
          "the start offsets are per request"),
         (_mutant(kernel, "context_one_short", right,
                  "context = seq_len - q_len + (token - start)"), "off-by-one"),
+        (_mutant(kernel, "every_block_of_the_request", "range(0, tl.cdiv(context, BLOCK_SIZE))",
+                 "range(0, tl.cdiv(seq_len, BLOCK_SIZE))"), "cdiv(context, BLOCK_SIZE) of them"),
+        (_mutant(kernel, "stores_the_padded_rows", "out.to(out_ptr.dtype.element_ty), mask=q_mask)",
+                 "out.to(out_ptr.dtype.element_ty), mask=dim_ok[None, :])"),
+         "which belongs to another program"),
     ]
 
 
@@ -186,6 +220,10 @@ MUTANTS = {
          "at least one token is always computed"),
         (_named(_scheduler_with(reset=False), "_preemption_keeps_computed_tokens"),
          "set num_computed_tokens to 0"),
+        (_named(_scheduler_with(admit_after_preemption=True), "_admits_after_a_preemption"),
+         "no waiting request is admitted in that step"),
+        (_named(_scheduler_with(slots_before_budget=True), "_slots_before_the_budget_pass"),
+         "the budget does not reach this step takes no slot"),
     ],
     "varlen_paged_attention": [
         (_named(_attention_with(lambda start, q_len, n, j: n), "_no_causal_mask"),
@@ -194,16 +232,58 @@ MUTANTS = {
                 "_packed_index_as_position"), "the start offsets are per request"),
         (_named(_attention_with(lambda start, q_len, n, j: n - q_len + j),
                 "_context_one_short"), "off-by-one"),
+        (_named(_attention_with(lambda start, q_len, n, j: n - q_len + j + 1, precision=None),
+                "_arithmetic_in_the_query_dtype"), "compute the scores, the softmax"),
     ],
     "varlen_attention_kernel": _kernels(),
     "engine_step": [
         (_named(_engine_step_with(sample_every_chunk=True), "_samples_after_every_chunk"),
-         "its prompt is not computed yet"),
+         "are not computed yet"),
         (_named(_engine_step_with(write_first=False), "_attends_before_writing"),
          "before attending"),
         (_named(_engine_step_with(positions_from_zero=True), "_positions_from_the_chunk_start"),
          "true position"),
         (_named(_engine_step_with(first_row=True), "_logits_of_the_first_row"),
          "last row"),
+        (_named(_engine_step_with(sample_past_the_prompt=True), "_samples_once_past_the_prompt"),
+         "recomputed after a preemption"),
     ],
 }
+
+RULES = [
+    Rule("Running requests first, in order, while the budget is above 0.", "schedule_step",
+         ("_prefill_before_decodes",)),
+    Rule("while the budget is above 0. First every token of the request without a slot gets "
+         "one", "schedule_step", ("_slots_before_the_budget_pass",)),
+    Rule("takes n from the budget", "schedule_step", ("_budget_overrun",)),
+    Rule("Then schedule min(request.num_tokens - request.num_computed_tokens, budget) tokens",
+         "schedule_step", ("_chunk_not_clipped_to_the_prompt",)),
+    Rule("chapter 4's allocate never counts the block that holds the last token",
+         "schedule_step", ("_hit_counts_the_whole_prompt",)),
+    Rule("set its num_computed_tokens to 0", "schedule_step",
+         ("_preemption_keeps_computed_tokens",)),
+    Rule("Waiting requests, only if nothing was preempted this step", "schedule_step",
+         ("_admits_after_a_preemption",)),
+    Rule("attends (causally) to the request's keys 0 .. seq_len - q_len + j",
+         "varlen_paged_attention", ("_no_causal_mask", "_context_one_short")),
+    Rule("its query j sits at position seq_len - q_len + j", "varlen_paged_attention",
+         ("_packed_index_as_position",)),
+    Rule("compute in fp32, return the query's dtype", "varlen_paged_attention",
+         ("_arithmetic_in_the_query_dtype",)),
+    Rule("where context = position + 1 (the causal mask)", "varlen_attention_kernel",
+         ("no_causal_mask", "context_one_short")),
+    Rule("the request's first token and query length (query_start_loc_ptr)",
+         "varlen_attention_kernel", ("packed_index_as_position",)),
+    Rule("over blocks 0 .. cdiv(context, BLOCK_SIZE) - 1 only", "varlen_attention_kernel",
+         ("every_block_of_the_request",)),
+    Rule("the padded group rows >= GROUP are never stored", "varlen_attention_kernel",
+         ("stores_the_padded_rows",)),
+    Rule("only where the chunk ends at the request's last known token", "engine_step",
+         ("_samples_after_every_chunk", "_samples_once_past_the_prompt")),
+    Rule("before attending (each token attends to itself)", "engine_step",
+         ("_attends_before_writing",)),
+    Rule("q, k, v = model.qkv(layer, x, batch.positions)", "engine_step",
+         ("_positions_from_the_chunk_start",)),
+    Rule("Then the logits of each chunk's last row", "engine_step",
+         ("_logits_of_the_first_row",)),
+]
