@@ -31,6 +31,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,7 @@ from autograder.guard import suspicious_code
 from autograder.nbgrader_main import SCORES
 from autograder.release_history import released_lines
 from autograder.report import NOT_GRADED, NotebookResult, result_of
-from autograder.restore import rebuild
+from autograder.restore import defines, rebuild
 from autograder.sandbox import Limits, run
 from course.language import ENGLISH
 from course.language import ENVIRONMENT as LANGUAGE_SETTING
@@ -198,12 +199,11 @@ class Grader:
                                       "endless loop or a very slow cell)", rebuilt.notebook)
                 if "Kernel died" not in log:
                     break
-                crashed = self._crashing_cell(path, scratch)
-                if crashed is None:
+                crashed = self._crashing_cell(path, scratch, job.source)
+                if crashed is None or not _neutralise(path, crashed, job.source):
                     return self._zero(job, tests, "not graded: the Python kernel crashed (a "
                                                   "segfault or an exit) in a test or given cell",
                                       rebuilt.notebook)
-                _neutralise(path, crashed)
             executed = work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
             scores = _scores(work / "scores.json")
             if scores is None or not executed.exists():
@@ -229,13 +229,15 @@ class Grader:
         return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
                                  {}, None, reason, job.language), _not_run(notebook, reason))
 
-    def _crashing_cell(self, notebook: Path, scratch: Path) -> int | None:
-        """The index of the learner's cell that kills the kernel, found by running a copy of
-        the notebook under the same limits, in a sandbox that sees that copy alone; None when
-        it is a test or given cell, or unknown."""
+    def _crashing_cell(self, notebook: Path, scratch: Path, source: str) -> int | None:
+        """The index of the cell that kills the kernel, found by running a copy of the
+        notebook as nbgrader runs it (its test and locked cells as ``source`` has them, hidden
+        tests included) under the same limits, in a sandbox that sees that copy alone; None
+        when unknown."""
         probe = scratch / "crash-probe"
         probe.mkdir()
-        shutil.copyfile(notebook, probe / notebook.name)
+        nbformat.write(as_graded(nbformat.read(notebook, as_version=4),
+                                 nbformat.reads(source, as_version=4)), probe / notebook.name)
         command = [sys.executable, "-m", "autograder.crash_probe", notebook.name,
                    str(self.limits.cell_timeout)]
         try:
@@ -245,11 +247,7 @@ class Grader:
             return None
         finally:
             shutil.rmtree(probe, ignore_errors=True)
-        if found < 0:
-            return None
-        cell = nbformat.read(notebook, as_version=4).cells[found]
-        meta = cell.metadata.get("nbgrader", {})
-        return None if meta.get("grade") or meta.get("locked") else found
+        return None if found < 0 else found
 
 
 def _not_run(notebook: nbformat.NotebookNode, reason: str) -> nbformat.NotebookNode:
@@ -302,13 +300,68 @@ def nbgrader(root: Path, args: list[str], timeout: int, limits: Limits,
                dataclasses.replace(limits, sandbox=False), environment=environment)
 
 
-def _neutralise(notebook: Path, index: int) -> None:
-    """Replace cell ``index`` by one that raises, saying why it was not run."""
+def as_graded(notebook: nbformat.NotebookNode, source: nbformat.NotebookNode
+              ) -> nbformat.NotebookNode:
+    """``notebook`` with its test and locked cells as the instructor's ``source`` has them
+    (by grade id), as nbgrader's autograde restores them before it runs the notebook."""
+    def graded_or_locked(cell) -> bool:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        return bool(meta.get("grade_id")) and bool(
+            meta.get("grade") and not meta.get("solution") or meta.get("locked"))
+
+    by_id = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source.cells
+             if graded_or_locked(c)}
+    restored = nbformat.from_dict(notebook)
+    for cell in restored.cells:
+        if graded_or_locked(cell) and cell.metadata["nbgrader"]["grade_id"] in by_id:
+            cell.source = by_id[cell.metadata["nbgrader"]["grade_id"]]
+    return restored
+
+
+def _neutralise(notebook: Path, index: int, source: str) -> bool:
+    """Keep cell ``index``, which killed the kernel, from running again; False where it
+    cannot be. A cell of the learner's is replaced by one that raises, saying why. A test
+    cell (nbgrader restores it from the gradebook, as ``source`` has it) is traced to the
+    answers it checks, the names its ``check_*(name)`` calls pass: each such answer cell
+    ends with a stand-in that raises when used, so that TODO's tests fail saying why and
+    the rest of the notebook is graded without it."""
     contents = nbformat.read(notebook, as_version=4)
-    contents.cells[index].source = (
-        'raise RuntimeError("This cell crashed the Python kernel when the notebook was '
-        'graded (a segfault or an exit), so it was not run.")')
+    meta = contents.cells[index].metadata.get("nbgrader", {})
+    if not (meta.get("grade") or meta.get("locked")):
+        contents.cells[index].source = (
+            'raise RuntimeError("This cell crashed the Python kernel when the notebook was '
+            'graded (a segfault or an exit), so it was not run.")')
+        nbformat.write(contents, notebook)
+        return True
+    test = as_graded(contents, nbformat.reads(source, as_version=4)).cells[index]
+    checked = set(re.findall(r"\bcheck_\w+\(\s*(\w+)", test.source)) if meta.get("grade") \
+        else set()
+    answers = [(c, sorted(defines(c.source) & checked)) for c in contents.cells
+               if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
+    answers = [(c, names) for c, names in answers if names]
+    if not answers:
+        return False
+    for answer, names in answers:
+        stand_ins = "".join(f"\n\n{name} = _CrashedAnswer({name!r})" for name in names)
+        answer.source = _CRASHED_ANSWER + answer.source + stand_ins
     nbformat.write(contents, notebook)
+    return True
+
+
+_CRASHED_ANSWER = '''class _CrashedAnswer:
+    """Stands in for an answer that crashed the Python kernel when its test ran."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.name} crashed the Python kernel when its test ran while "
+                           "grading (a segfault or an exit), so it was not run again")
+
+    __getitem__ = __call__  # a Triton kernel is launched as kernel[grid](...)
+
+
+'''
 
 
 DEMO = "demo"  # the tag of a cell that only shows something: no test needs what it does

@@ -56,7 +56,7 @@ def _is_answer(cell: NotebookNode) -> bool:
     return bool(meta.get("solution")) and not meta.get("locked")
 
 
-def _defines(source: str) -> set[str]:
+def defines(source: str) -> set[str]:
     try:
         body = ast.parse(source).body
     except SyntaxError:
@@ -70,7 +70,7 @@ def rebuild(submitted: NotebookNode, released: NotebookNode) -> Rebuilt:
     anchors = [c for c in released.cells if _is_anchor(c)]
     by_grade_id = {_nbgrader(c)["grade_id"]: i for i, c in enumerate(anchors)}
     by_cell_id = {c.get("id"): i for i, c in enumerate(anchors) if c.get("id")}
-    stub_names = {i: _defines(c.source) for i, c in enumerate(anchors) if _is_answer(c)}
+    stub_names = {i: defines(c.source) for i, c in enumerate(anchors) if _is_answer(c)}
 
     answers: dict[int, NotebookNode] = {}
     seen: set[int] = set()
@@ -81,7 +81,7 @@ def rebuild(submitted: NotebookNode, released: NotebookNode) -> Rebuilt:
         if index is None:
             index = by_cell_id.get(cell.get("id"))
         if index is None and cell.get("cell_type") == "code" and not _nbgrader(cell):
-            names = _defines(cell.get("source", ""))
+            names = defines(cell.get("source", ""))
             index = next((i for i, stub in stub_names.items()
                           if i not in answers and names and stub and names >= stub), None)
         if index is not None and index not in seen:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import re
 import subprocess
 import sys
 import time
@@ -68,6 +69,18 @@ def _fake_outputs(number: str) -> nbformat.NotebookNode:
 def _edited(number: str, edit) -> nbformat.NotebookNode:
     notebook = solved(number)
     edit(notebook)
+    return notebook
+
+
+def _crashes_when_called(number: str) -> nbformat.NotebookNode:
+    """Solved, but the last TODO's function kills the kernel when a test calls it (the
+    cell defining it runs fine): the crash is in a test cell, which nbgrader restores, so
+    it is traced to that TODO's answer."""
+    notebook = solved(number)
+    cell = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("solution")][-1]
+    name = re.search(r"^def (\w+)\(", cell.source, re.M).group(1)
+    cell.source = f"def {name}(*args, **kwargs):\n    import ctypes\n\n" \
+        "    return ctypes.string_at(0)\n"
     return notebook
 
 
@@ -278,6 +291,7 @@ def cases(outside: Outside) -> dict[str, tuple[str, nbformat.NotebookNode | byte
                                f["07"] - 3),
         "segfault": (name["01"], broken("01", "import ctypes\nctypes.string_at(0)\n"),
                      f["01"] - 3),
+        "segfault-in-its-test": (name["01"], _crashes_when_called("01"), f["01"] - 3),
         "memory-bomb": (name["02"], broken("02", "hoard = bytearray(64 * 2**30)\n"),
                         f["02"] - 3),
         "output-flood": (name["06"], broken("06", "for i in range(300_000):\n"
