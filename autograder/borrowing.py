@@ -97,6 +97,7 @@ class _KernelTripwire:
     def __init__(self, original: Any, name: str) -> None:
         self._original, self.__kv_tripwire__ = original, name
         self.__name__ = getattr(getattr(original, "fn", original), "__name__", name)
+        _ORIGINALS[id(self)] = original
 
     def __getitem__(self, grid: Any) -> Callable:
         launch = self._original[grid]

@@ -1,20 +1,33 @@
 """Chapter 7's library beyond its checks: split-KV through the wrapper, the GPU compile of
-every kernel, the benchmark's refusal on the CPU and its byte count, and the GPU-only runs."""
+every kernel, the benchmark's refusal on the CPU and its byte count, the GPU-only runs, and
+one wrong TODO costing that TODO alone."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
+import inspect
 import os
 import subprocess
 import sys
+import types
+from typing import Any
 
 import alternatives.ch07 as alternative
 import pytest
 import torch
 import triton
 import triton.language as tl
+from mutants.ch07 import MUTANTS
 
+from autograder import borrowing
+from autograder.arming import install_tripwires
 from autograder.checks.ch07 import BAD_INPUTS, KernelCase, on_gpu
+from autograder.hidden import ch07 as hidden
 from autograder.hidden.ch07 import reference
+from autograder.render import chapter_answers
+from autograder.table import PARTS
 from kernels import paged_attention as course_kernels
 from kernels.bench import bytes_moved, lengths_for
 from kernels.split_kv import run_on_grid, run_split_kv, splits_for
@@ -140,3 +153,80 @@ def test_production_shapes_on_the_gpu():
 
     check_production_shapes(course_kernels.paged_attention)
     check_production_shapes(alternative.paged_attention)
+
+
+# --- one bug costs one TODO ----------------------------------------------------------------
+
+_CHAPTER = "07_triton_paged_attention"
+_TODOS = PARTS[_CHAPTER].answers  # grade id -> the module of its answer
+_ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant, _ in found]
+
+
+def _in_namespace(function: types.FunctionType, namespace: dict[str, Any]) -> types.FunctionType:
+    """``function`` as a notebook cell defines it: its global names looked up in
+    ``namespace``."""
+    copy = types.FunctionType(function.__code__, namespace, function.__name__,
+                              function.__defaults__, function.__closure__)
+    copy.__kwdefaults__ = function.__kwdefaults__
+    return copy
+
+
+def _notebook(todo: str, mutant: Any) -> dict[str, Any]:
+    """A notebook's namespace after Run All: the course's answer to every TODO but ``todo``,
+    which is ``mutant``. The wrapper's cell (``validate_inputs`` and ``paged_attention``)
+    finds the kernels by name there, as in a notebook."""
+    namespace = dict(vars(course_kernels))  # the imports of the notebook's first cells
+    namespace.update({name: getattr(importlib.import_module(module), name)
+                      for name, module in _TODOS.items()})
+    for function in (course_kernels.validate_inputs, course_kernels.paged_attention):
+        namespace[function.__name__] = _in_namespace(function, namespace)
+    namespace[todo] = mutant
+    return namespace
+
+
+@functools.cache  # only a pass is kept: a check of the same object is the same check
+def _passes_its_hidden_check(todo: str, subject: Any) -> None:
+    getattr(hidden, f"check_{todo}_thoroughly")(subject)
+
+
+@pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
+                         ids=[f"{todo}-{m.__name__.strip('_')}" for todo, m in _ONE_WRONG_TODO])
+def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):
+    """A notebook right but for one TODO: every other TODO's hidden check passes. The wrapper
+    launches the kernels of TODOs 4 to 6 by name; its hidden check lends the course's where
+    the notebook's fail it (the wrapper's visible check, which runs them, may fail)."""
+    notebook = _notebook(todo, mutant)
+    for other in _TODOS:
+        if other != todo:
+            _passes_its_hidden_check(other, notebook[other])
+
+
+@contextlib.contextmanager
+def _in_a_graded_test_cell(monkeypatch):
+    """As while a notebook is graded, in a test cell: chapter 7's answers are tripwires
+    wherever the library binds them (undone on leaving)."""
+    answers = {id(vars(importlib.import_module(module))[qualname])
+               for module, qualname in chapter_answers(_CHAPTER)}
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").split(".")[0] in ("course", "kernels"):
+            for name, value in list(vars(module).items()):
+                if id(value) in answers:
+                    monkeypatch.setattr(module, name, value)  # restored when the test ends
+    install_tripwires(_CHAPTER)
+    borrowing.entering_test()
+    try:
+        yield
+    finally:
+        borrowing.leaving_test()
+
+
+def test_a_wrong_kernel_costs_the_wrapper_nothing_while_graded(monkeypatch):
+    """The lending above, with the course's kernels as grading makes them (tripwires) and the
+    wrapper written in a notebook cell (so its launches are the learner's)."""
+    tail_dropped = next(m for m, _ in MUTANTS["paged_attention_kernel"]
+                        if m.__name__ == "tail_dropped")
+    notebook = _notebook("paged_attention_kernel", tail_dropped)
+    for function in (course_kernels.validate_inputs, course_kernels.paged_attention):
+        exec(compile(inspect.getsource(function), "<notebook cell>", "exec"), notebook)
+    with _in_a_graded_test_cell(monkeypatch):
+        hidden.check_paged_attention_thoroughly(notebook["paged_attention"])

@@ -61,10 +61,14 @@ def one_bug_one_todo(check: Callable[[type], None], cls: type, course: type,
 
 def with_globals(fn: Callable, lent: Mapping[str, Any]) -> Callable:
     """A copy of the function ``fn`` that finds the names ``lent`` as given, every other
-    global name as ``fn`` does (the notebook's namespace)."""
-    copy = types.FunctionType(fn.__code__, {**fn.__globals__, **lent}, fn.__name__,
-                              fn.__defaults__, fn.__closure__)
+    global name as ``fn`` does (the notebook's namespace); a call of ``fn`` by its own name
+    (a wrapper that calls itself for another dtype) reaches the copy, lent names and all."""
+    namespace = {**fn.__globals__, **lent}
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
     copy.__kwdefaults__ = fn.__kwdefaults__
+    if fn.__globals__.get(fn.__name__) is fn:
+        namespace[fn.__name__] = copy
     return copy
 
 

@@ -3,21 +3,31 @@ sizes 16 to 256 (the real configurations of Phi-2, Phi-3-mini, Qwen2.5-7B, Falco
 Gemma-2-9B, at short lengths), lengths 0 to 523, fp16 (and bf16 through the wrapper), one
 split, a split per block and many empty splits, merges of 17 splits with max scores 50 apart,
 every kind of bad input to the wrapper and the layouts it must accept, every kernel compiled
-for an A100, and on a GPU production shapes (``autograder.hidden.ch07_gpu``).
+for an A100, and on a GPU production shapes (``autograder.hidden.ch07_gpu``). Cases built to
+show one rule each: scores far below zero in fp16 (subtract the max, start the running max at
+-inf, compute in fp32) and caches that are views of one head-major tensor (the strides).
 
 Expected outputs are chapter 6's attention (its fp32 version, bound when this module is
 imported) on the case's CPU copy; what known mistakes give is computed here in float64 (an
 online softmax over the blocks a mistaken kernel would read); expected split partials and
 merges too. The visible checks ask for them through ``autograder.private`` by a case's
 description.
+
+The wrapper launches the kernels of TODOs 4 to 6 by name: where the learner's wrapper fails
+its hidden check, the check runs again with the course's kernels lent
+(``autograder.hidden._lending``), so a wrong kernel costs the kernel's points, not the
+wrapper's hidden ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from autograder.checks._helpers import learner_call
+from autograder.checks._memory_audit import MemoryAudit
 from autograder.checks.ch06 import PagedCase, dtype_name
 from autograder.checks.ch07 import (
     ACCEPTED,
@@ -26,6 +36,7 @@ from autograder.checks.ch07 import (
     KernelCase,
     _accepts,
     _addresses_in_int64,
+    _close,
     _compare,
     _kernel,
     _merge,
@@ -37,8 +48,11 @@ from autograder.checks.ch07 import (
     on_gpu,
     quiet,
 )
+from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.hidden.ch07_gpu import check_production_shapes
 from autograder.private import thorough
+from kernels import paged_attention as course_kernels
+from kernels.paged_attention import launch
 from kernels.paged_attention_ref import paged_decode_attention as chapter6_attention
 
 # --- expected values -------------------------------------------------------------------------
@@ -223,19 +237,65 @@ def _thorough_kernel(fn: Callable, name: str, case: KernelCase, per_query_head: 
             int64=int64)
 
 
+# --- cases built to show one rule --------------------------------------------------------------
+
+_FAR_BELOW_ZERO = (
+    "Every score here is near -150 (each key's first element is 40, each query's -15): "
+    "exp(score) underflows to 0 in float32 unless the largest score is subtracted first (the "
+    "running max starts at -inf, not 0), and float16 arithmetic keeps about three significant "
+    "digits, too few for the differences between scores: compute in float32.")
+_POOL_OF_VIEWS = (
+    "Here k_cache and v_cache are views of one [num_blocks, 2, num_kv_heads, block_size, "
+    "head_dim] tensor: a block is stride_kv_block elements from the next (twice a block's "
+    "size), a token stride_kv_token from the next and a KV head stride_kv_head; address the "
+    "caches with the strides the kernel is given.")
+
+
+def _scores_far_below_zero(case: KernelCase) -> KernelCase:
+    """``case`` (head size 16: scale 1/4) with every score about -150: each key's first
+    element 40, each query's -15."""
+    case.k_cache[..., 0] = 40  # the unused slots' other elements stay NaN
+    case.query[..., 0] = -15
+    return case
+
+
+def _pool_of_views(case: KernelCase) -> KernelCase:
+    """``case`` with its caches ``kv[:, 0]`` and ``kv[:, 1]`` of one head-major tensor
+    [num_blocks, 2, num_kv_heads, block_size, head_dim]: no stride is a contiguous pool's."""
+    kv = torch.stack([case.k_cache, case.v_cache], dim=1)
+    kv = kv.transpose(2, 3).contiguous().transpose(2, 3)
+    case.k_cache, case.v_cache = kv[:, 0], kv[:, 1]
+    return case
+
+
+def _built_to_show(fn: Callable, name: str, case: KernelCase, per_query_head: bool,
+                   rule: str) -> None:
+    """``fn`` on ``case``, built to show ``rule``: a wrong output fails with that rule, not
+    with the diagnoses of ordinary cases (which would take NaN here for a slot read past a
+    sequence's end)."""
+    want = reference(case)
+    with MemoryAudit(), quiet():  # fenced: a store outside the arguments is dropped
+        out = learner_call(name, launch, fn, *case.arguments(), per_query_head=per_query_head)
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape or \
+            not _close(out, want, case.dtype):
+        raise AssertionError(f"{name}(...) on {case.describe()} is wrong. {rule}")
+
+
 # --- step 1: one block -----------------------------------------------------------------------
 
 
 @thorough
 def check_one_block_kernel_thoroughly(fn: Callable) -> None:
     """Blocks of 1, 8, 16 and 32; heads 8/2, 4/4, Phi-2's 32 of 80 and Qwen2.5-7B's 28/4 of
-    128; fp16; compiled for an A100."""
+    128; fp16, and scores far below zero in fp16; compiled for an A100."""
     for lengths, q, kv, dim, dtype in [([1, 1, 1], 8, 2, 16, torch.float32),
                                        ([16, 16], 32, 32, 80, torch.float32),
                                        ([32], 4, 4, 16, torch.float16),
                                        ([8], 28, 4, 128, torch.float16)]:
         _thorough_kernel(fn, "one_block_kernel", _case(lengths, lengths[0], q, kv, dim, dtype),
                          per_query_head=True)
+    _built_to_show(fn, "one_block_kernel", _scores_far_below_zero(
+        _case([8, 8], 8, 4, 2, 16, torch.float16)), True, _FAR_BELOW_ZERO)
     _addresses_in_int64(fn, "one_block_kernel")
 
 
@@ -245,7 +305,7 @@ def check_one_block_kernel_thoroughly(fn: Callable) -> None:
 @thorough
 def check_block_loop_kernel_thoroughly(fn: Callable) -> None:
     """Up to 40 blocks, block sizes 1 to 16, heads 8/2, 5/1 and Phi-3-mini's 32 of 96, head
-    size 72, fp16; compiled for an A100."""
+    size 72, fp16, scores far below zero; compiled for an A100."""
     for lengths, block_size, q, kv, dim, dtype in [
             ([40, 8, 1], 1, 8, 2, 16, torch.float32),
             ([64, 16, 128], 16, 5, 1, 16, torch.float32),
@@ -253,6 +313,8 @@ def check_block_loop_kernel_thoroughly(fn: Callable) -> None:
             ([32, 16], 16, 32, 32, 96, torch.float32)]:
         _thorough_kernel(fn, "block_loop_kernel",
                          _case(lengths, block_size, q, kv, dim, dtype), per_query_head=True)
+    _built_to_show(fn, "block_loop_kernel", _scores_far_below_zero(
+        _case([16, 8], 4, 4, 2, 16, torch.float16)), True, _FAR_BELOW_ZERO)
     _addresses_in_int64(fn, "block_loop_kernel")
 
 
@@ -283,7 +345,7 @@ def check_paged_attention_kernel_thoroughly(fn: Callable) -> None:
     """Lengths 0, 1, 37 and 523; block sizes 1 to 32; heads 32/8, 8/2, 5/1, 4/4 and the real
     configurations of Phi-2 (32 of 80), Phi-3-mini (32 of 96), Falcon-7B (71/1 of 64) and
     Gemma-2-9B (16/8 of 256), head size 40 in groups of 3 (padded to 4), head size 112;
-    fp16; compiled for an A100."""
+    fp16; caches that are views of one head-major tensor; compiled for an A100."""
     for lengths, block_size, q, kv, dim, dtype in [
             ([1, 37, 523, 0], 16, 32, 8, 16, torch.float32),
             ([37, 1], 1, 8, 2, 16, torch.float32),
@@ -298,6 +360,8 @@ def check_paged_attention_kernel_thoroughly(fn: Callable) -> None:
             ([20, 16], 16, 16, 2, 112, torch.float16)]:
         _thorough_kernel(fn, "paged_attention_kernel",
                          _case(lengths, block_size, q, kv, dim, dtype), per_query_head=False)
+    _built_to_show(fn, "paged_attention_kernel", _pool_of_views(_case([9, 16, 3], 4, 6, 2, 24)),
+                   False, _POOL_OF_VIEWS)
     _addresses_in_int64(fn, "paged_attention_kernel")
 
 
@@ -335,12 +399,25 @@ def check_merge_splits_kernel_thoroughly(fn: Callable) -> None:
 # --- the host wrapper ------------------------------------------------------------------------
 
 
+# the TODOs the wrapper launches, by the names the notebook gives them
+_KERNELS = ("paged_attention_kernel", "split_kv_kernel", "merge_splits_kernel")
+
+
+def _course_kernels() -> dict[str, Any]:
+    return {name: getattr(course_kernels, name) for name in _KERNELS}
+
+
 @thorough
 def check_paged_attention_thoroughly(fn: Callable) -> None:
     """Every kind of bad input, and every layout it must accept; fp16 and bf16 results;
     Qwen2.5-7B's heads (28/4 of 128); the split path with head size 96; validate=False; on a
     GPU, production shapes (where the wrapper may choose split-KV) and a pool past 2^31
-    elements."""
+    elements. Where ``fn`` fails, again with the course's kernels lent (a wrong kernel costs
+    the kernel's points)."""
+    one_bug_one_todo_of_function(_wrapper_thoroughly, fn, _course_kernels())
+
+
+def _wrapper_thoroughly(fn: Callable) -> None:
     case = _case([5, 9, 8, 0], 4, 6, 2, 24)
     want = reference(case)
     for what in BAD_INPUTS:
@@ -350,8 +427,8 @@ def check_paged_attention_thoroughly(fn: Callable) -> None:
             _raises(fn, case, what, ON_GPU_ONLY)
     for what in ACCEPTED:
         _accepts(fn, case, what, want)
-    with quiet():
-        out = fn(*case.arguments(), validate=False)
+    with MemoryAudit(), quiet():  # fenced: a wild store fails the check, not the process
+        out = learner_call("paged_attention", fn, *case.arguments(), validate=False)
     _compare(out, case, "paged_attention", want, {}, call="paged_attention(..., "
              "validate=False)")
     for case, splits in ((_case([1, 37, 100, 0], 4, 8, 2, dtype=torch.float16), None),
