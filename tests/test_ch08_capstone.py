@@ -1,12 +1,32 @@
 """Chapter 8 beyond its checks: sixteen concurrent requests really are preempted and still
-equal their contiguous runs; the reservation baseline is counted right."""
+equal their contiguous runs; the reservation baseline is counted right; the debugging table
+names what the checks report; and one wrong TODO costs that TODO alone."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
+import pytest
+from mutants.ch08 import MUTANTS, _abort_keeps_gpu_blocks
+from one_wrong_todo import callers, notebook_of
+
+from autograder.checks import ch08
+from autograder.hidden import ch08 as hidden08
+from autograder.hints import in_language
 from autograder.table import parts_of
+from course import paged_engine as reference
 from course.capstone import equality_report, reservation_trace, workload
 from course.paged_engine import PagedEngine, make_request, serve
 from course.tiny_model import TinyModel
+
+
+def _notebook(wrong: str, mutant: Callable) -> dict[str, Callable]:
+    return notebook_of(reference, MUTANTS, wrong, mutant)
+
+
+def _callers(todo: str) -> list[str]:
+    return callers(reference, MUTANTS, todo)
 
 
 def test_sixteen_concurrent_requests_are_preempted_and_equal_their_contiguous_runs():
@@ -110,3 +130,36 @@ def test_debugging_table_rows_are_the_mistakes_the_named_checks_report():
                     break
             assert first is not None, f"{mutant_name} passes check_{name} ({symptom})"
             assert fragment in first, (symptom, mutant_name, first)
+
+
+
+def test_right_fault_handling_beside_a_wrong_abort_is_sent_to_fix_abort_first():
+    """Its visible test says to fix abort first, in both languages; its hidden test passes
+    (the course's abort lent)."""
+    right = _notebook("abort", _abort_keeps_gpu_blocks)["decode_surviving_faults"]
+    with pytest.raises(AssertionError, match="If abort fails its own test, fix that first") \
+            as failed:
+        ch08.check_decode_surviving_faults(right)
+    assert re.search(r"[\u4e00-\u9fff]", in_language(str(failed.value), "zh_CN", "08"))
+    hidden08.check_decode_surviving_faults_thoroughly(right)
+
+
+
+
+def test_the_todos_that_build_on_earlier_ones():
+    assert {todo: _callers(todo) for todo in MUTANTS if _callers(todo)} == {
+        "abort": ["decode_surviving_faults"]}
+
+
+_ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant, _ in found]
+
+
+@pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
+                         ids=[f"{todo}-{m.__name__.strip('_')}" for todo, m in _ONE_WRONG_TODO])
+def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):
+    """A notebook right but for one TODO: the hidden test of every TODO that calls it passes
+    (the course's version lent where the learner's fails). The other TODOs never run it: they
+    are the course's answers, which test_checks.py passes."""
+    notebook = _notebook(todo, mutant)
+    for other in _callers(todo):
+        getattr(hidden08, f"check_{other}_thoroughly")(notebook[other])

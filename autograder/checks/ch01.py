@@ -31,6 +31,7 @@ FULL_LENGTH_IDEA = ("A request of exactly max_model_len tokens is allowed: it fi
 TOO_LONG_IDEA = ("No request may be longer than max_model_len (an engine refuses it on "
                  "arrival): such a request in lengths is an error wherever it stands, even "
                  "after the requests that fit.")
+NO_REQUESTS_IDEA = "With no requests there is nothing to count: the answer is 0."
 PAGED_IDEA = ("Paged, a request holds whole blocks of the pool, and requests are admitted "
               "first come, first served until the first one that does not fit.")
 
@@ -88,13 +89,20 @@ def per_token_todo(case: dict, hidden) -> list[Earlier]:
 
 
 def contiguous_idea(case: dict) -> str:
-    """The idea a contiguous case tests: the length limit, a full-length request, or the
-    reservation itself."""
+    """The idea a contiguous case tests: no requests, the length limit, a full-length
+    request, or the reservation itself."""
+    if not case["lengths"]:
+        return NO_REQUESTS_IDEA
     if any(n > case["max_model_len"] for n in case["lengths"]):
         return TOO_LONG_IDEA
     if case["max_model_len"] in case["lengths"]:
         return FULL_LENGTH_IDEA
     return CONTIGUOUS_IDEA
+
+
+def paged_idea(case: dict) -> str:
+    """The idea a paged case tests: no requests, or admission in blocks."""
+    return PAGED_IDEA if case["lengths"] else NO_REQUESTS_IDEA
 
 
 @visible
@@ -155,6 +163,6 @@ def check_requests_fit_paged(fn: Callable) -> None:
     blocks, so the fourth waits. The answer is an int."""
     cases = [([10, 20, 0], 48, 16), ([16, 16, 16], 48, 16), ([10, 33, 1, 1, 10], 48, 16),
              ([10, 16, 17, 1], 64, 16)]
-    expect_cases(fn, [_paged(*case) for case in cases], private("01").paged_case, PAGED_IDEA,
+    expect_cases(fn, [_paged(*case) for case in cases], private("01").paged_case, paged_idea,
                  rel_tol=0, promise=INT)
 

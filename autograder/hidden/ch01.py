@@ -17,7 +17,6 @@ from autograder.checks.ch01 import (
     BLOCKS_IDEA,
     KV_TOKEN_IDEA,
     MLA_IDEA,
-    PAGED_IDEA,
     SEQ_IDEA,
     GiB,
     KiB,
@@ -30,9 +29,12 @@ from autograder.checks.ch01 import (
     _sequence,
     contiguous_idea,
     expect_cases,
+    paged_idea,
     per_token_todo,
 )
+from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
+from course import kv_sizing
 from course.models import MODELS, ModelConfig
 
 SEED = 2023  # random cases are seeded: grading a notebook twice gives the same score
@@ -151,7 +153,9 @@ def _random_config(rng: random.Random, index: int) -> ModelConfig:
 
 @thorough
 def check_kv_bytes_per_sequence_thoroughly(fn: Callable) -> None:
-    """Zero tokens, one layer, MQA, fp8, every published model, random GQA models."""
+    """Zero tokens, one layer, MQA, fp8, every published model, random GQA models. A wrong
+    per-token TODO costs its own points alone: where ``fn`` fails, it runs again with the
+    course's per-token functions lent, and fails only where that fails too."""
     rng = random.Random(SEED + 2)
     one_layer = ModelConfig("one-layer", 1, 4, 2, 16, 1e6, "test model")
     cases = [(MODELS["Llama-3-8B"], 0, 2), (one_layer, 5, 2), (MODELS["Falcon-7B"], 2048, 2),
@@ -159,8 +163,12 @@ def check_kv_bytes_per_sequence_thoroughly(fn: Callable) -> None:
     cases += [(model, rng.randint(1, 32768), rng.choice([1, 2])) for model in MODELS.values()]
     cases += [(_random_config(rng, i), rng.randint(0, 8192), rng.choice([1, 2, 4]))
               for i in range(20)]
-    expect_cases(fn, [_sequence(*c) for c in cases], sequence_case, SEQ_IDEA,
-                 earlier=lambda case: per_token_todo(case, sys.modules[__name__]))
+    one_bug_one_todo_of_function(
+        lambda subject: expect_cases(
+            subject, [_sequence(*c) for c in cases], sequence_case, SEQ_IDEA,
+            earlier=lambda case: per_token_todo(case, sys.modules[__name__])),
+        fn, {name: getattr(kv_sizing, name)
+             for name in ("kv_bytes_per_token", "mla_kv_bytes_per_token")})
 
 
 # --- num_gpu_blocks ------------------------------------------------------------------------
@@ -182,6 +190,11 @@ _BLOCKS_MISTAKES = [
     (lambda gpu_memory_bytes, gpu_memory_utilization, weight_bytes, activation_peak_bytes,
      bytes_per_block: gpu_memory_bytes * gpu_memory_utilization // bytes_per_block,
      "The weights and the activation peak share the engine's memory with the cache."),
+    (lambda gpu_memory_bytes, gpu_memory_utilization, weight_bytes, activation_peak_bytes,
+     bytes_per_block: (gpu_memory_bytes * gpu_memory_utilization - activation_peak_bytes)
+        // bytes_per_block,
+     "You left the weights in: they are loaded before the pool is sized, and take their "
+     "share first."),
     (lambda gpu_memory_bytes, gpu_memory_utilization, weight_bytes, activation_peak_bytes,
      bytes_per_block: -(-_budget(gpu_memory_bytes, gpu_memory_utilization, weight_bytes,
                                  activation_peak_bytes) // bytes_per_block),
@@ -369,5 +382,5 @@ def check_requests_fit_paged_thoroughly(fn: Callable) -> None:
         lengths = [rng.randint(0, 2048) for _ in range(rng.randint(0, 40))]
         cases.append((lengths, rng.randint(0, 40 * 1024), block_size))
     cases += [_filled_exactly(rng, rng.choice([1, 3, 16, 32])) for _ in range(30)]
-    expect_cases(fn, [_paged(*c) for c in cases], paged_case, PAGED_IDEA, rel_tol=0,
+    expect_cases(fn, [_paged(*c) for c in cases], paged_case, paged_idea, rel_tol=0,
                  promise=INT)

@@ -31,7 +31,9 @@ from autograder.checks.ch02 import (
     outside_idea,
     slot_id_todos,
 )
+from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
+from course import block_tables
 
 block_sizes = st.one_of(st.sampled_from([1, 2, 3, 4, 5, 7, 16, 32, 100, 128]),
                         st.integers(1, 300))
@@ -68,6 +70,11 @@ def _inside(case: dict) -> bool:
     return 0 <= case["position"] < len(case["block_table"]) * case["block_size"]
 
 
+def _lending(*todos: str) -> dict[str, Callable]:
+    """The course's answers of the earlier TODOs a check lends where the learner's fail."""
+    return {todo: getattr(block_tables, todo) for todo in todos}
+
+
 def _position_idea(inside_idea: str) -> Callable[[dict], str]:
     return lambda case: inside_idea if _inside(case) else outside_idea(case["position"])
 
@@ -78,7 +85,8 @@ _BLOCKS_MISTAKES = [
     (lambda num_tokens, block_size: num_tokens // block_size,
      "You rounded down: the tokens past the last full block need a block too."),
     (lambda num_tokens, block_size: num_tokens // block_size + 1,
-     "Off by one on a block boundary: n = k x block_size tokens fill exactly k blocks."),
+     "Off by one on a block boundary: n = k x block_size tokens fill exactly k blocks "
+     "(0 tokens: 0 blocks)."),
     (lambda num_tokens, block_size: -(-num_tokens // block_size) * block_size,
      "That is a number of slots, not of blocks."),
 ]
@@ -176,16 +184,21 @@ def slot_case(**case) -> tuple:
 @thorough
 def check_slot_id_thoroughly(fn: Callable) -> None:
     """Random tables and block sizes; positions at block boundaries and outside the table;
-    always an int."""
+    always an int. A wrong ``locate`` costs its own points alone: where ``fn`` fails, it runs
+    again with the course's ``locate`` lent, and fails only where that fails too."""
     hidden = sys.modules[__name__]
-    for inside, examples in [(True, 150), (False, 40)]:
-        for_all(_table_and_position(inside=inside),
-                lambda case: expect_case(
-                    fn, _at(case[2], case[0], case[1]), slot_case, _position_idea(SLOT_IDEA),
-                    promise=INT, earlier=lambda at: locate_todo(hidden, at["position"],
-                                                                at["block_table"],
-                                                                at["block_size"])),
-                max_examples=examples)
+
+    def check(subject: Callable) -> None:
+        for inside, examples in [(True, 150), (False, 40)]:
+            for_all(_table_and_position(inside=inside),
+                    lambda case: expect_case(
+                        subject, _at(case[2], case[0], case[1]), slot_case,
+                        _position_idea(SLOT_IDEA), promise=INT,
+                        earlier=lambda at: locate_todo(hidden, at["position"],
+                                                       at["block_table"], at["block_size"])),
+                    max_examples=examples)
+
+    one_bug_one_todo_of_function(check, fn, _lending("locate"))
 
 
 # --- slot_mapping --------------------------------------------------------------------------
@@ -233,7 +246,8 @@ def mapping_case(**case) -> tuple:
 def check_slot_mapping_thoroughly(fn: Callable) -> None:
     """Random tables, block sizes and ranges: inside the table, ending exactly at its end,
     empty (anywhere, even outside), reversed, running past its end, starting before 0;
-    always a list of int."""
+    always a list of int. A wrong ``slot_id`` or ``locate`` costs its own points alone: both
+    are lent where ``fn`` fails."""
     hidden = sys.modules[__name__]
 
     @st.composite
@@ -258,10 +272,11 @@ def check_slot_mapping_thoroughly(fn: Callable) -> None:
             end = draw(st.integers(start + 1, span))
         return _span(table, block_size, start, end)
 
-    for_all(cases(), lambda case: expect_case(fn, case, mapping_case, mapping_idea,
-                                              promise=LIST_OF_INTS,
-                                              earlier=lambda c: slot_id_todos(hidden, c)),
-            max_examples=150)
+    one_bug_one_todo_of_function(
+        lambda subject: for_all(cases(), lambda case: expect_case(
+            subject, case, mapping_case, mapping_idea, promise=LIST_OF_INTS,
+            earlier=lambda c: slot_id_todos(hidden, c)), max_examples=150),
+        fn, _lending("slot_id", "locate"))
 
 
 # --- last_block_waste ----------------------------------------------------------------------
@@ -282,7 +297,8 @@ def waste_case(**case) -> tuple:
 
 @thorough
 def check_last_block_waste_thoroughly(fn: Callable) -> None:
-    """Random lengths and block sizes, exact fits, block size 1 (never any waste)."""
+    """Random lengths and block sizes, exact fits, block size 1 (never any waste). A wrong
+    ``blocks_needed`` costs its own points alone: it is lent where ``fn`` fails."""
 
     @st.composite
     def cases(draw):
@@ -293,13 +309,16 @@ def check_last_block_waste_thoroughly(fn: Callable) -> None:
         return dict(num_tokens=n, block_size=block_size)
 
     hidden = sys.modules[__name__]
-    for_all(cases(), lambda case: expect_case(
-        fn, case, waste_case, WASTE_IDEA, rel_tol=0, promise=INT,
-        earlier=lambda c: blocks_todo(hidden, [c["num_tokens"]], c["block_size"])))
+    one_bug_one_todo_of_function(
+        lambda subject: for_all(cases(), lambda case: expect_case(
+            subject, case, waste_case, WASTE_IDEA, rel_tol=0, promise=INT,
+            earlier=lambda c: blocks_todo(hidden, [c["num_tokens"]], c["block_size"]))),
+        fn, _lending("blocks_needed"))
 
 
 # --- contiguous_utilisation and paged_utilisation ------------------------------------------
 
+PERCENTAGE = "That is a percentage: utilisation is a share, a float between 0 and 1."
 _CONTIGUOUS_MISTAKES = [
     (lambda lengths, max_model_len: len(lengths) * max_model_len / sum(lengths)
         if sum(lengths) else None,
@@ -308,6 +327,8 @@ _CONTIGUOUS_MISTAKES = [
      "Each sequence reserves max_model_len, not the longest length in the set."),
     (lambda lengths, max_model_len: sum(lengths) / max_model_len,
      "That counts one reservation: every sequence reserves its own max_model_len slots."),
+    (lambda lengths, max_model_len: 100 * sum(lengths) / (len(lengths) * max_model_len),
+     PERCENTAGE),
 ]
 _PAGED_MISTAKES = [
     (lambda lengths, block_size:
@@ -317,6 +338,13 @@ _PAGED_MISTAKES = [
     (lambda lengths, block_size:
         sum(lengths) / (-(-sum(lengths) // block_size) * block_size),
      "Each sequence rounds up to whole blocks on its own: sequences do not share blocks."),
+    (lambda lengths, block_size:
+        sum(lengths) / ((sum(-(-n // block_size) for n in lengths) + lengths.count(0))
+                        * block_size) if 0 in lengths else None,
+     "A sequence of 0 tokens holds no block: it has no token to put in one."),
+    (lambda lengths, block_size:
+        100 * sum(lengths) / (sum(-(-n // block_size) for n in lengths) * block_size),
+     PERCENTAGE),
 ]
 
 
@@ -347,7 +375,8 @@ def check_contiguous_utilisation_thoroughly(fn: Callable) -> None:
 
 @thorough
 def check_paged_utilisation_thoroughly(fn: Callable) -> None:
-    """Random sets, block size 1 (always 1.0), empty sequences among them, exact fits."""
+    """Random sets, block size 1 (always 1.0), empty sequences among them, exact fits. A
+    wrong ``blocks_needed`` costs its own points alone: it is lent where ``fn`` fails."""
 
     @st.composite
     def cases(draw):
@@ -357,6 +386,8 @@ def check_paged_utilisation_thoroughly(fn: Callable) -> None:
         return dict(lengths=lengths, block_size=block_size)
 
     hidden = sys.modules[__name__]
-    for_all(cases(), lambda case: expect_case(
-        fn, case, paged_case, PAGED_IDEA,
-        earlier=lambda c: blocks_todo(hidden, c["lengths"], c["block_size"])))
+    one_bug_one_todo_of_function(
+        lambda subject: for_all(cases(), lambda case: expect_case(
+            subject, case, paged_case, PAGED_IDEA,
+            earlier=lambda c: blocks_todo(hidden, c["lengths"], c["block_size"]))),
+        fn, _lending("blocks_needed"))

@@ -23,7 +23,9 @@ from autograder.checks.ch06 import (
     step_inputs,
     write_inputs,
 )
+from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
+from kernels import paged_attention_ref
 
 # --- the oracle ------------------------------------------------------------------------------
 
@@ -73,6 +75,11 @@ def attention_mistakes(**spec) -> dict:
 
 def _thorough_attention(check: Callable, fn: Callable, case: PagedCase) -> None:
     check(fn, case, expected_output(case), lambda: known_mistakes(case))
+
+
+def _lending(*todos: str) -> dict[str, Callable]:
+    """The course's answers of the earlier TODOs a check lends where the learner's fail."""
+    return {todo: getattr(paged_attention_ref, todo) for todo in todos}
 
 
 # --- write_kv --------------------------------------------------------------------------------
@@ -149,10 +156,10 @@ def merge_case(heads: int, len_a: int, len_b: int, spread: float):
 
 @thorough
 def check_merge_partials_thoroughly(fn: Callable) -> None:
-    """Pieces of one score, unequal pieces, and scores far apart (exp would overflow
-    without the max)."""
+    """Pieces of one score, unequal pieces, and scores far apart (exp overflows without the
+    max: past 709, even in float64)."""
     for heads, len_a, len_b, spread in [(1, 1, 1, 1.0), (4, 1, 30, 3.0), (3, 17, 2, 50.0),
-                                        (8, 64, 64, 200.0)]:
+                                        (8, 64, 64, 200.0), (4, 8, 8, 1000.0)]:
         _check_merge(fn, merge_case, heads, len_a, len_b, spread)
 
 
@@ -162,12 +169,17 @@ def check_merge_partials_thoroughly(fn: Callable) -> None:
 @thorough
 def check_blockwise_decode_attention_thoroughly(fn: Callable) -> None:
     """Lengths 1, 37 and 523 over block sizes 1, 8 and 32, with GQA; fp16 in and out, with
-    a sharp softmax."""
-    _thorough_attention(_blockwise, fn, PagedCase([1, 37, 523], 32, 8, 2))
-    _thorough_attention(_blockwise, fn, PagedCase([37, 12], 1, 4, 4))
-    _thorough_attention(_blockwise, fn, PagedCase([523], 8, 5, 1))
-    _thorough_attention(_blockwise, fn, PagedCase([70, 9], 16, 4, 2, dtype=torch.float16,
-                                                  query_scale=4.0))
+    a sharp softmax. A wrong ``merge_partials`` costs its own points alone: where ``fn``
+    fails, it runs again with the course's ``merge_partials`` lent."""
+
+    def check(subject: Callable) -> None:
+        _thorough_attention(_blockwise, subject, PagedCase([1, 37, 523], 32, 8, 2))
+        _thorough_attention(_blockwise, subject, PagedCase([37, 12], 1, 4, 4))
+        _thorough_attention(_blockwise, subject, PagedCase([523], 8, 5, 1))
+        _thorough_attention(_blockwise, subject, PagedCase([70, 9], 16, 4, 2,
+                                                           dtype=torch.float16, query_scale=4.0))
+
+    one_bug_one_todo_of_function(check, fn, _lending("merge_partials"))
 
 
 # --- decode_step -----------------------------------------------------------------------------
@@ -196,6 +208,12 @@ def decode_case(prompts, steps, block_size, q_heads, kv_heads, head_dim=16) -> d
 
 @thorough
 def check_decode_step_thoroughly(fn: Callable) -> None:
-    """Prompts of 1 and 37 tokens, block sizes 1 and 16, GQA 8/2 and 5/1, across boundaries."""
-    _steps(fn, decode_case, [1, 37], 5, 16, 8, 2)
-    _steps(fn, decode_case, [15, 2], 3, 1, 5, 1)
+    """Prompts of 1 and 37 tokens, block sizes 1 and 16, GQA 8/2 and 5/1, across boundaries. A
+    wrong ``write_kv`` or ``paged_decode_attention`` costs its own points alone: both are lent
+    where ``fn`` fails."""
+
+    def check(subject: Callable) -> None:
+        _steps(subject, decode_case, [1, 37], 5, 16, 8, 2)
+        _steps(subject, decode_case, [15, 2], 3, 1, 5, 1)
+
+    one_bug_one_todo_of_function(check, fn, _lending("write_kv", "paged_decode_attention"))

@@ -25,11 +25,13 @@ import torch
 from autograder.checks._helpers import learner_call
 from autograder.checks.ch08 import (
     ONE_TOO_LARGE,
+    ONE_TOO_SMALL,
+    ROW_ORDER,
     SEED,
     Observing,
     _held,
     abort_story,
-    assert_books_balance,
+    books_after_faults,
     build_manager,
     decode_run,
     expect_abort,
@@ -44,7 +46,9 @@ from autograder.checks.ch08 import (
     step_limit,
     wanted_keys,
 )
+from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
+from course import paged_engine
 from course.block_manager import BlockManager
 from course.paged_engine import (
     DecodeBatch,
@@ -68,10 +72,13 @@ def _expected_batch(manager: BlockManager, seq_ids: list[int]) -> dict:
         blocks = [table[t // manager.block_size] for t in range(length)]  # token by token
         rows.append((length - 1, blocks[-1] * manager.block_size
                      + (length - 1) % manager.block_size, table, length))
-    positions = [r[0] for r in rows]
+    positions, seq_lens = [r[0] for r in rows], [r[3] for r in rows]
+    held = [seq_id for seq_id in manager.tables if seq_id in seq_ids]  # the manager's order
     return {"positions": positions, "slot_mapping": [r[1] for r in rows],
-            "tables": [r[2] for r in rows], "seq_lens": [r[3] for r in rows],
-            "known": {"positions": [([p + 1 for p in positions], ONE_TOO_LARGE)]}}
+            "tables": [r[2] for r in rows], "seq_lens": seq_lens,
+            "known": {"positions": [([p + 1 for p in positions], ONE_TOO_LARGE),
+                                    ([manager.seq_len(s) - 1 for s in held], ROW_ORDER)],
+                      "seq_lens": [([n - 1 for n in seq_lens], ONE_TOO_SMALL)]}}
 
 
 def batch_case(num_blocks: int, block_size: int, operations: list[tuple],
@@ -394,20 +401,26 @@ class _PartialFault(_CourseEngine):
 def check_decode_surviving_faults_thoroughly(fn: Callable) -> None:
     """A forked request whose step fails (its branches go with it), every request failing, a
     one-request batch, faults by swap; then, on the course's engine, a step that failed
-    after writing part of its K/V, the survivors served to the end."""
+    after writing part of its K/V, the survivors served to the end. A wrong ``abort`` costs
+    its own points alone: where ``fn`` fails, it runs again with the course's ``abort``
+    lent."""
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [3, 2]]
     runs = contiguous_runs(prompts, 8, n=3)
-    for poisoned, n, preemption in [((0,), 3, "recompute"), ((0, 1, 2, 3), 1, "recompute"),
-                                    ((2,), 3, "swap"), ((1, 3), 1, "swap")]:
-        engine, _ = fault_story(prompts, poisoned=poisoned, n=n, preemption=preemption)
-        story = f"(requests with {[len(p) for p in prompts]}-token prompts, by {preemption})"
-        for _ in range(3):
-            faulty_step(fn, engine, runs, story)
-    engine, _ = fault_story(prompts[:1], poisoned=(0,))
-    faulty_step(fn, engine, runs, "(a batch of one)")
-    engine, _ = fault_story(prompts, glitches=1, n=3)
-    faulty_step(fn, engine, runs, "(a forked request among them)")
-    _fault_then_serve(fn, prompts)
+
+    def check(subject: Callable) -> None:
+        for poisoned, n, preemption in [((0,), 3, "recompute"), ((0, 1, 2, 3), 1, "recompute"),
+                                        ((2,), 3, "swap"), ((1, 3), 1, "swap")]:
+            engine, _ = fault_story(prompts, poisoned=poisoned, n=n, preemption=preemption)
+            story = f"(requests with {[len(p) for p in prompts]}-token prompts, by {preemption})"
+            for _ in range(3):
+                faulty_step(subject, engine, runs, story)
+        engine, _ = fault_story(prompts[:1], poisoned=(0,))
+        faulty_step(subject, engine, runs, "(a batch of one)")
+        engine, _ = fault_story(prompts, glitches=1, n=3)
+        faulty_step(subject, engine, runs, "(a forked request among them)")
+        _fault_then_serve(subject, prompts)
+
+    one_bug_one_todo_of_function(check, fn, {"abort": paged_engine.abort})
 
 
 def _fault_then_serve(fn: Callable, prompts: list[list[int]]) -> None:
@@ -427,7 +440,7 @@ def _fault_then_serve(fn: Callable, prompts: list[list[int]]) -> None:
     where = ("decode_surviving_faults(...) on the course's engine, the model step failing "
              "halfway (garbage written at every request's new slot) whenever request 2 is in "
              "the batch")
-    assert_books_balance(engine, where)
+    books_after_faults(engine, where)
     for request in requests:
         if request.id != 2 and len(request.output) != 2:
             raise AssertionError(f"{where}: request {request.id} has {len(request.output)} "
