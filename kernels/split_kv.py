@@ -182,11 +182,13 @@ def run_split_kernel(kernel, query: torch.Tensor, k_cache: torch.Tensor,
     num_seqs, num_q_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
-    partial_max = torch.empty(num_seqs, num_q_heads, num_splits, dtype=torch.float32,
-                              device=query.device)
-    partial_sum = torch.empty_like(partial_max)
-    partial_acc = torch.empty(num_seqs, num_q_heads, num_splits, head_dim,
-                              dtype=torch.float32, device=query.device)
+    # NaN until the kernel stores a partial: one it never stores (a split with no block to
+    # cover still stores m = -inf, l = 0, acc = 0) shows, rather than whatever memory held
+    partial_max = torch.full((num_seqs, num_q_heads, num_splits), float("nan"),
+                             dtype=torch.float32, device=query.device)
+    partial_sum = torch.full_like(partial_max, float("nan"))
+    partial_acc = torch.full((num_seqs, num_q_heads, num_splits, head_dim), float("nan"),
+                             dtype=torch.float32, device=query.device)
     run_on_grid(
         kernel, (num_seqs, num_kv_heads, num_splits),
         partial_max, partial_sum, partial_acc, query, k_cache, v_cache, block_tables,

@@ -302,6 +302,11 @@ MUTANTS = {
                  "tl.store(acc_ptr + partial[:, None] * HEAD_DIM + dims[None, :], acc,",
                  "tl.store(acc_ptr + partial[:, None] * HEAD_DIM + dims[None, :], "
                  "acc / total[:, None],"), "acc is stored undivided"),
+        (_mutant(split_kv.split_kv_kernel, "split_stores_nothing_when_empty",
+                 "tl.store(max_ptr + partial, m, mask=real)",
+                 "if first < last:  # a split with no block stores nothing\n"
+                 "        tl.store(max_ptr + partial, m, mask=real)"),
+         "an empty range still stores its partial"),
         (_mutant(split_kv.split_kv_kernel, "split_ranges_overlap",
                  "last = tl.minimum(first + blocks_per_split,",
                  "last = tl.minimum(first + blocks_per_split + 1,"),
@@ -393,6 +398,8 @@ RULES = [
          "split_kv_kernel", ("split_ranges_overlap",)),
     Rule("clipped to `tl.cdiv(seq_len, BLOCK_SIZE)`", "split_kv_kernel",
          ("split_not_clipped",)),
+    Rule("a split past the sequence's end covers nothing and must still store "
+         "`m = -inf, l = 0, acc = 0`", "split_kv_kernel", ("split_stores_nothing_when_empty",)),
     Rule("writing its partial `(m, l, acc)` (acc not yet divided)", "split_kv_kernel",
          ("split_normalised",)),
     Rule("query head h's partial of split s is at `(seq x num_q_heads + h) x num_splits + s`, "
