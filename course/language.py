@@ -125,7 +125,9 @@ def _layout(parts: tuple[str, ...], greedy: bool = False) -> _Layout:
         runs.append(parts[i:j + 1:2])
         separators.append(parts[i + 1:j:2])
         quoted = parts[i - 1].endswith("`") and parts[j + 1].startswith("`")
-        pattern += [_QUOTED if quoted else _hole(parts[j + 1], greedy), re.escape(parts[j + 1])]
+        numeric = i == j and re.search(r":[^{}]*[defgn%]$", parts[i])
+        hole = _QUOTED if quoted else _NUMBER if numeric else _hole(parts[j + 1], greedy)
+        pattern += [hole, re.escape(parts[j + 1])]
         i = j + 2
     return _Layout(re.compile("".join(pattern), re.DOTALL), tuple(runs), tuple(separators))
 
@@ -174,6 +176,8 @@ def split_template(text: str) -> tuple[str, ...]:
 _PLAIN = r"[^()\[\]{}`]|`(?![^`]*`)"
 _CODE = r"`[^`]*`"
 _QUOTED = r"([^`]*)"  # a hole between backticks holds code
+# a hole formatted as a number ({error:.3g}) holds one whole: "2.79." is 2.79 and a full stop
+_NUMBER = r"([-+]?(?:inf|nan|\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?%?))"
 
 
 def _group(depth: int) -> str:

@@ -141,6 +141,7 @@ def catalogue(tmp_path_factory) -> Catalogue:
          "块的引用计数等于持有它的块表数。", []),
         ("{name} is not written yet: replace it.", "{name} 还没有写：替换它。", template),
         ("step", "步", []),
+        ("{name} is off by up to {error:.3g}.", "{name} 的误差最大达 {error:.3g}。", template),
     ]:
         entries.append(polib.POEntry(msgid=english, msgstr=chinese, flags=flags))
     entries.save(str(path))
@@ -156,7 +157,10 @@ def catalogue(tmp_path_factory) -> Catalogue:
     ("step", "步"),
     ("stepping on step_size stays", "stepping on step_size stays"),  # a word is not a piece
     ("  x = 1, nothing known  ", "  x = 1, nothing known  "),
-], ids=["template", "nested and glued", "hole first", "label", "no partial word", "unknown"])
+    ("out is off by up to 2.79. A block's count is the number of tables that hold it.",
+     "out 的误差最大达 2.79。 块的引用计数等于持有它的块表数。"),
+], ids=["template", "nested and glued", "hole first", "label", "no partial word", "unknown",
+        "a number before a full stop"])
 def test_a_hint_is_translated_from_its_templates(catalogue, english, chinese):
     assert catalogue.translate(english) == chinese
 
