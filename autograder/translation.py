@@ -433,7 +433,8 @@ def _entry(text: Text, before, gone: list, compendium: dict[str, str]):
 
 def stale(path: Path, texts: list[Text]) -> list[str]:
     """What ``path``'s catalogue lacks for ``texts``: one line per text with no translation,
-    a fuzzy one (its English changed), or a translation that lost or added a hole."""
+    a fuzzy one (its English changed), a template not flagged as one, or a translation that
+    lost or added a hole."""
     import polib
 
     entries = ({e.msgid: e for e in polib.pofile(str(path)) if not e.obsolete}
@@ -447,6 +448,10 @@ def stale(path: Path, texts: list[Text]) -> list[str]:
         elif "fuzzy" in entry.flags:
             problems.append(f"{where}: the English changed, the translation did not "
                             f"(was {entry.previous_msgid!r}, now {text.english!r})")
+        elif text.template and "python-brace-format" not in entry.flags:
+            problems.append(f"{where}: {text.english!r} is a template, and its entry lacks "
+                            "the python-brace-format flag (without it, its holes are read as "
+                            "words and the hint is never translated)")
         elif text.template and sorted(split_template(entry.msgstr)[1::2]) != \
                 sorted(split_template(text.english)[1::2]):
             problems.append(f"{where}: the translation of {text.english!r} must keep its "

@@ -51,9 +51,10 @@ def _check_attention_output(out, case: PagedCase, name: str, expected: torch.Ten
                              "query's dtype (the arithmetic in between is fp32).")
     if out.isnan().any():
         raise AssertionError(f"{name} on {case.describe()} returned NaN: garbage from slots "
-                             "past a sequence's end leaked in (the tests fill them with NaN, "
-                             "and NaN x 0 is still NaN). Only a sequence's first seq_len "
-                             "tokens take part.")
+                             "the sequence does not hold leaked in (the tests fill every "
+                             "unused slot with NaN, and NaN x 0 is still NaN), a slot past "
+                             "its end or a block its table does not name. Only a sequence's "
+                             "first seq_len tokens, found through its block table, take part.")
     group = case.q_heads // case.kv_heads
     for seq in range(len(case.lengths)):
         if _close(out[seq], expected[seq], case.dtype):
@@ -120,10 +121,15 @@ def _check_write(fn: Callable, ask: Callable, **case) -> None:
         return
     kv_heads, head_dim = case["kv_heads"], case["head_dim"]
     total = case["num_blocks"] * case["block_size"]
-    flat = k_cache.reshape(total, kv_heads, head_dim)
-    wanted = want_k.reshape(total, kv_heads, head_dim)
     where = (f"write_kv(slot_mapping={slots}) into a pool of {case['num_blocks']} blocks of "
              f"{case['block_size']} ({case['dtype']}) left the wrong values")
+    if not k_cache.any() and not v_cache.any():
+        raise AssertionError(
+            f"write_kv(slot_mapping={slots}) left the pool as it was, all zeros: write_kv "
+            "writes into k_cache and v_cache themselves (it returns nothing), so a write into "
+            "a copy (index_put rather than index_put_, a reshape that copies) is lost.")
+    flat = torch.cat([k_cache, v_cache], dim=-1).reshape(total, kv_heads, 2 * head_dim)
+    wanted = torch.cat([want_k, want_v], dim=-1).reshape(total, kv_heads, 2 * head_dim)
     for slot in slots:
         if -total <= slot < 0 and not torch.equal(flat[slot + total], wanted[slot + total]):
             raise AssertionError(

@@ -321,8 +321,8 @@ def _table_finding(audit: MemoryAudit, case: VarlenCase) -> str:
             return (f"program (query token {token}, KV head {access.program[1]}) read "
                     f"block_tables[{row}, {column}]; its query is request {request}'s token at "
                     f"position {position}, so it attends to keys 0 .. {position}: blocks 0 .. "
-                    f"{needed - 1} of its request's row, cdiv(context, BLOCK_SIZE) of them. "
-                    "Every key past the position is masked, so looping over the request's "
+                    f"{needed - 1} of its request's row, cdiv(context, BLOCK_SIZE) of them; "
+                    "every key past the position is masked, so looping over the request's "
                     "other blocks changes no number, only wastes their loads (for a long "
                     "prompt's first chunks, most of the work)")
     return ""
@@ -370,7 +370,7 @@ def run_kernel(fn: Callable, case: VarlenCase, answers: dict) -> None:
         raise AssertionError(f"{wrong} The interpreter also saw this: {seen}.") from None
     if seen:
         raise AssertionError(f"varlen_attention_kernel(...) on {case.describe()}: the output "
-                             f"is right, but {seen}. {ATTENTION_IDEA}")
+                             f"is right, but {seen}. " + ATTENTION_IDEA)
 
 
 KERNEL_CASE = dict(q_lens=[3, 1, 2], seq_lens=[6, 5, 2], block_size=4, q_heads=4,
