@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autograder.checks._harness import Harness, first_failing, unwritten
+from autograder.checks._harness import Harness, blame_where_due, unwritten
 from autograder.checks._helpers import not_written
 from autograder.private import private, visible
 from course.block_manager import NoFreeBlocksError
+from course.prefix_cache import ROOT_KEY
 
 SUBJECT = "PrefixCachingBlockManager"  # the manager checks take the learner's class
 SUBJECT_CHECKS = {"take_block", "allocate", "append_slot", "free"}
@@ -43,6 +44,10 @@ def _key(fn: Callable, parent: str, tokens: list[int], extra: tuple = ()) -> str
     except Exception as exc:
         raise AssertionError(f"block_key({parent!r}, {tokens}, {extra}) raised "
                              f"{type(exc).__name__}: {exc}. {_KEY_IDEA}") from exc
+    if isinstance(key, bytes):  # its repr would be noise: say what it is
+        raise AssertionError(f"block_key({parent!r}, {tokens}, {extra}) returned {len(key)} "
+                             "bytes, not a str: a key is a hex digest, as a string (hexdigest(), "
+                             "not digest()). " + _KEY_IDEA)
     if not isinstance(key, str) or len(key) < 32:
         raise AssertionError(f"block_key({parent!r}, {tokens}, {extra}) returned {key!r}: a key "
                              "must be a hex digest of at least 128 bits (sha256 gives 256). "
@@ -146,6 +151,32 @@ def _check_prefix(fn: Callable, tokens: list[int], block_size: int, extra: tuple
     if keys and _keys(fn, tokens, block_size, extra + ("other",))[0] == keys[0]:
         raise AssertionError(f"prefix_keys ignored the extra keys for {tokens}: pass them to "
                              f"block_key. {_PREFIX_IDEA}")
+    _chained_from_the_root(fn, tokens, block_size, extra, keys)
+
+
+def _chained_from_the_root(fn: Callable, tokens: list[int], block_size: int, extra: tuple,
+                           keys: list) -> None:
+    """Each key is block_key of its parent (ROOT_KEY for the first), its block and ``extra``,
+    by the block_key ``fn`` finds by name (the notebook's, which its skeleton's
+    _cache_full_blocks keys blocks with: keys made otherwise would never be found there)."""
+    block_key = getattr(fn, "__globals__", {}).get("block_key")
+    if block_key is None:  # no block_key beside it: nothing to chain with
+        return
+    parent = ROOT_KEY
+    for i, key in enumerate(keys):
+        block = tokens[i * block_size:(i + 1) * block_size]
+        try:
+            expected = block_key(parent, block, extra)
+        except Exception:  # a stub or a broken block_key: block_key's own test says so
+            return
+        if key != expected:
+            if i == 0:
+                raise AssertionError(f"key 0 of prefix_keys({tokens}, {block_size}) is not "
+                                     f"block_key(ROOT_KEY, {block}, {extra}): the chain starts "
+                                     f"from ROOT_KEY. {_PREFIX_IDEA}")
+            raise AssertionError(f"key {i} of prefix_keys({tokens}, {block_size}) is not "
+                                 f"block_key(key {i - 1}, {block}, {extra}). {_PREFIX_IDEA}")
+        parent = key
 
 
 @visible
@@ -274,10 +305,15 @@ class _Harness(Harness):
                       else "Revived cached blocks leave the free queue: count them against the "
                       "free blocks along with the fresh ones.")
         if hits != expected:
-            why = ("At most (n - 1) // block_size blocks may hit, so the last token is always "
-                   "computed (its logits are needed)." if hits > cap else
-                   "Hits are the longest run of cached full blocks from the start of the "
-                   "prompt, stopping at the first miss.")
+            if hits > cap:
+                why = ("At most (n - 1) // block_size blocks may hit, so the last token is "
+                       "always computed (its logits are needed).")
+            elif hits * self.size == expected:
+                why = ("allocate returns how many prompt tokens were hits: the hit blocks "
+                       "times block_size, not the number of hit blocks.")
+            else:
+                why = ("Hits are the longest run of cached full blocks from the start of the "
+                       "prompt, stopping at the first miss.")
             self.fail(f"it returned {hits} hit tokens, expected {expected}.", why)
         for block in self.bm.block_table(seq)[expected // self.size:]:
             if before[1][block] > 0:
@@ -288,6 +324,22 @@ class _Harness(Harness):
         self.tokens[seq], self.extra[seq] = list(tokens), extra
         self._write(seq, range(expected, len(tokens)))
         self.verify()
+
+    def allocate_again(self, seq: int, tokens: list[int]) -> None:
+        """Allocate the live sequence ``seq`` again: it must raise ValueError."""
+        text = f"bm.allocate({seq}, {tokens})"
+        self.log.append(text)
+        try:
+            self.bm.allocate(seq, list(tokens))
+        except NotImplementedError:
+            raise unwritten(text) from None
+        except (ValueError, KeyError):
+            return
+        except Exception as exc:
+            self.fail(f"it raised {type(exc).__name__}: {exc}; expected ValueError.",
+                      _ID_IN_USE)
+        self.fail(f"sequence {seq} already has blocks, yet it was allocated again; expected "
+                  "ValueError.", _ID_IN_USE)
 
     def append(self, seq: int, token: int) -> None:
         text = f"bm.append_slot({seq}, {token})"
@@ -317,6 +369,11 @@ class _Harness(Harness):
         expected = (table[position // self.size], position % self.size)
         if tuple(got) != expected:
             self.fail(f"it returned {tuple(got)}, expected {expected}.")
+        held = len(self.bm.block_table(seq))
+        if held != len(table):
+            self.fail(f"sequence {seq} holds {held} blocks for {position + 1} tokens, expected "
+                      f"{len(table)}.", "A token takes a fresh block only when the last block "
+                      "is full: when the token finds no room in it, not when it fills it.")
         self._write(seq, [position])
         self.verify()
 
@@ -326,6 +383,9 @@ class _Harness(Harness):
         self._told()
         del self.tokens[seq], self.extra[seq]
         self.verify()
+
+
+_ID_IN_USE = "An id that already has blocks is an error: allocate raises ValueError."
 
 SYSTEM = [101, 102, 103, 104, 105, 106, 107, 108]  # a two-block system prompt (block size 4)
 
@@ -358,12 +418,6 @@ def _take_block_cases(cls: type) -> None:
                              f"{type(exc).__name__}; expected NoFreeBlocksError.") from exc
     raise AssertionError(f"After {setup} three more times: an empty pool returned a block; "
                          "expected NoFreeBlocksError.")
-
-
-def _blame(cls: type) -> str | None:
-    """"_take_block" when the class fails _take_block's own cases: the manager's other
-    methods take their blocks through it."""
-    return first_failing({"_take_block": _take_block_cases}, cls, "_take_block")
 
 
 _REVIVE_FIRST = ("Revive the hits first (they leave the free queue), then take the fresh "
@@ -428,33 +482,18 @@ def _eviction_cases(cls: type, blame: str | None = None) -> None:
                "not have in the cache, and at another position.")
 
 
-@visible
-def check_take_block(cls: type) -> None:
-    """Given free blocks in LRU order, some of them cached: the oldest is taken, its key is
-    forgotten, and an empty pool raises NoFreeBlocksError."""
-    _take_block_cases(cls)
-
-
-@visible
-def check_allocate(cls: type) -> None:
-    """Block size 4: two prompts sharing an 8-token system prompt (the second hits 8 tokens);
-    an 8-token prompt hits only 4 (the last token is computed); a prompt that does not fit;
-    then hits waiting in the free queue: one the least recently used free block, and one
-    whose parent block was evicted."""
-    blame = _blame(cls)
+def _allocate_cases(cls: type, blame: str | None = None) -> None:
     h = _Harness(cls, 8, 4, blame=blame)
     h.allocate(0, SYSTEM + [1, 2, 3])
     h.allocate(1, SYSTEM + [4, 5])
     h.allocate(2, list(SYSTEM))
     h.allocate(3, SYSTEM + list(range(20)))
+    h.allocate_again(1, SYSTEM + [4, 5])
     _eviction_cases(cls, blame)
 
 
-@visible
-def check_append_slot(cls: type) -> None:
-    """A decoded block is cached once full, so a later prompt that repeats the conversation
-    hits it; running out raises and changes nothing."""
-    h = _Harness(cls, 6, 4, blame=_blame(cls))
+def _append_slot_cases(cls: type, blame: str | None = None) -> None:
+    h = _Harness(cls, 6, 4, blame=blame)
     h.allocate(0, [1, 2, 3])
     for token in [4, 5, 6, 7, 8]:
         h.append(0, token)
@@ -463,11 +502,7 @@ def check_append_slot(cls: type) -> None:
         h.append(1, 20 + token)
 
 
-@visible
-def check_free(cls: type) -> None:
-    """Freed blocks stay cached and evictable, tail first; a new prompt revives them (and
-    counts them against capacity); the least recently used is evicted first."""
-    blame = _blame(cls)
+def _free_cases(cls: type, blame: str | None = None) -> None:
     tight = _Harness(cls, 5, 4, blame=blame)  # reviving two cached and taking two fresh: no room
     tight.allocate(0, SYSTEM + [1])
     tight.allocate(9, [5] * 8)
@@ -493,3 +528,43 @@ def check_free(cls: type) -> None:
     except Exception as exc:
         h.fail(f"bm.free(99) raised {type(exc).__name__}; expected KeyError.")
     h.fail("bm.free(99) of an unknown sequence raised nothing; expected KeyError.")
+
+
+def _with_blame(cases: Callable, cls: type) -> None:
+    """The check's cases, with the note that ``_take_block`` (which the manager's other methods
+    take their blocks through) is at fault only where lending the course's ``_take_block``
+    makes them pass (``_harness.blame_where_due``)."""
+    from course.prefix_cache import PrefixCachingBlockManager
+
+    blame_where_due(cases, cls, {"_take_block": _take_block_cases}, PrefixCachingBlockManager,
+                    "_take_block")
+
+
+@visible
+def check_take_block(cls: type) -> None:
+    """Given free blocks in LRU order, some of them cached: the oldest is taken, its key is
+    forgotten, and an empty pool raises NoFreeBlocksError."""
+    _take_block_cases(cls)
+
+
+@visible
+def check_allocate(cls: type) -> None:
+    """Block size 4: two prompts sharing an 8-token system prompt (the second hits 8 tokens);
+    an 8-token prompt hits only 4 (the last token is computed); a prompt that does not fit; an
+    id allocated twice; then hits waiting in the free queue: one the least recently used free
+    block, and one whose parent block was evicted."""
+    _with_blame(_allocate_cases, cls)
+
+
+@visible
+def check_append_slot(cls: type) -> None:
+    """A decoded block is cached once full, so a later prompt that repeats the conversation
+    hits it; running out raises and changes nothing."""
+    _with_blame(_append_slot_cases, cls)
+
+
+@visible
+def check_free(cls: type) -> None:
+    """Freed blocks stay cached and evictable, tail first; a new prompt revives them (and
+    counts them against capacity); the least recently used is evicted first."""
+    _with_blame(_free_cases, cls)

@@ -13,15 +13,17 @@ follows the KV: every written position carries a (request, position) marker, the
 performs every swap copy the plan lists, and each running request must read back its own
 markers.
 
-A check whose scenario needs an earlier TODO first plays that TODO's visible cases, so that
-a mistake there is named there ("fix admit first").
+Where a check's scenario fails and an earlier TODO it runs fails its own visible cases, the
+hint says to fix that TODO first ("fix admit first") only where the scenario passes with the
+course's version of it lent (``_harness.blame_where_due``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from autograder.checks._harness import Harness
+from autograder.checks._harness import Harness, blame_where_due
 from autograder.checks._helpers import not_written
 from autograder.private import private, visible
 from course.scheduler import Request, StepPlan, SwapSpaceFullError
@@ -81,8 +83,8 @@ class _Harness(Harness):
 
     def __init__(self, cls, specs, num_blocks, block_size, max_seqs=256, max_tokens=8192,
                  watermark=0.0, preemption="recompute", cpu_blocks=0, steps=MAX_STEPS,
-                 mode="full", answers: Any = None):
-        super().__init__()
+                 mode="full", answers: Any = None, blame: str | None = None):
+        super().__init__(blame)
         specs = [tuple(spec) for spec in specs]
         ask = answers or private("05")  # asked first, whatever the class does
         scenario = dict(specs=specs, num_blocks=num_blocks, block_size=block_size,
@@ -277,6 +279,18 @@ class _Harness(Harness):
             for gpu_block, cpu_block in mapping:
                 for o in range(size):
                     self.cpu[cpu_block * size + o] = self.gpu.get(gpu_block * size + o)
+        for request, _ in plan.swapped_out:  # what swap_in will copy back must be its own
+            if request.id not in self.s.cpu.tables:  # swapped back in within the step
+                continue
+            table = self.s.cpu.block_table(request.id)
+            for p in range(self.s.cpu.seq_len(request.id)):
+                found = self.cpu.get(table[p // size] * size + p % size)
+                if found != (request.id, p):
+                    self.fail(f"request {request.id}'s position {p} reads {found} in the CPU "
+                              "pool.", "plan.swapped_out lists (gpu_block, cpu_block) pairs: "
+                              "the victim's GPU table and its new CPU table, position by "
+                              "position, so the engine copies each GPU block into its CPU "
+                              "block.")
         for _, mapping in plan.swapped_in:
             for cpu_block, gpu_block in mapping:
                 for o in range(size):
@@ -355,59 +369,59 @@ def _raised_in(exc: BaseException) -> str:
     return name
 
 
-def _first(cls: type, *earlier: str) -> None:
-    """Play the visible cases of each ``earlier`` TODO this check's scenarios run, and say
-    which to fix first when one fails."""
-    for name in earlier:
-        try:
-            _CASES[name](cls)
-        except AssertionError as failure:
-            if "is not written yet" in str(failure):
-                raise AssertionError(f"This test runs your {name}, which is not written yet: "
-                                     f"write {name} first.") from None
-            raise AssertionError(f"This test runs your {name}, whose own test fails: fix "
-                                 f"{name} first (its test cell says what broke).") from None
+def _admit_cases(cls: type, blame: str | None = None) -> None:
+    def admit(specs, num_blocks, block_size, **options) -> None:
+        _Harness(cls, specs, num_blocks, block_size, mode="admit", blame=blame,
+                 **options).drain()
+
+    admit([(8, 2), (12, 2), (24, 2), (4, 2)], 10, 4, steps=1)
+    admit([(3, 1)] * 5, 10, 4, max_seqs=3, steps=1)
+    admit([(30, 1), (34, 1), (1, 1)], 40, 4, max_tokens=64, steps=1)
+    admit([(4, 50), (4, 2)], 10, 4, steps=1)
+    admit([(50, 2), (4, 2)], 10, 4, steps=1)
+    admit([(1, 1)] * 5 + [(1, 5)], 5, 1, max_seqs=5, max_tokens=8, steps=1)
+    admit([(4, 50), (4, 34), (16, 2), (12, 2), (8, 2)], 10, 4, watermark=0.2, steps=1)
+    admit([(6, 4), (6, 4), (12, 2)], 20, 4, max_tokens=13)
+    admit([(2, 3)] * 3, 10, 4, max_seqs=2)
 
 
-def _admit_cases(cls: type) -> None:
-    _Harness(cls, [(8, 2), (12, 2), (24, 2), (4, 2)], 10, 4, mode="admit", steps=1).drain()
-    _Harness(cls, [(3, 1)] * 5, 10, 4, max_seqs=3, mode="admit", steps=1).drain()
-    _Harness(cls, [(30, 1), (34, 1), (1, 1)], 40, 4, max_tokens=64, mode="admit",
-             steps=1).drain()
-    _Harness(cls, [(4, 50), (4, 2)], 10, 4, mode="admit", steps=1).drain()
-    _Harness(cls, [(50, 2), (4, 2)], 10, 4, mode="admit", steps=1).drain()
-    _Harness(cls, [(1, 1)] * 5 + [(1, 5)], 5, 1, max_seqs=5, max_tokens=8, mode="admit",
-             steps=1).drain()
-    _Harness(cls, [(4, 50), (4, 34), (16, 2), (12, 2), (8, 2)], 10, 4, watermark=0.2,
-             mode="admit", steps=1).drain()
-    _Harness(cls, [(6, 4), (6, 4), (12, 2)], 20, 4, max_tokens=13, mode="admit").drain()
-    _Harness(cls, [(2, 3)] * 3, 10, 4, max_seqs=2, mode="admit").drain()
+def _reserve_cases(cls: type, blame: str | None = None) -> None:
+    _Harness(cls, [(3, 6), (4, 3), (1, 9)], 12, 4, blame=blame).drain()
 
 
-def _reserve_cases(cls: type) -> None:
-    _Harness(cls, [(3, 6), (4, 3), (1, 9)], 12, 4).drain()
+def _preempt_cases(cls: type, blame: str | None = None) -> None:
+    def run(specs, num_blocks, block_size, **options) -> None:
+        _Harness(cls, specs, num_blocks, block_size, blame=blame, **options).drain()
+
+    run([(3, 10), (3, 10), (3, 10)], 7, 4)
+    run([(1, 3), (1, 3)], 5, 1)
+    run([(2, 2)] * 3, 4, 1)
+    run([(3, 10), (3, 10), (3, 10)], 7, 4, preemption="swap", cpu_blocks=8, mode="no_swap_in")
+    run([(3, 10), (3, 10), (3, 10)], 7, 4, preemption="swap", cpu_blocks=1, mode="no_swap_in")
+    run([(1, 4)] * 4, 6, 1, preemption="swap", cpu_blocks=8, mode="no_swap_in")  # two swapped
 
 
-def _preempt_cases(cls: type) -> None:
-    _Harness(cls, [(3, 10), (3, 10), (3, 10)], 7, 4).drain()
-    _Harness(cls, [(1, 3), (1, 3)], 5, 1).drain()
-    _Harness(cls, [(2, 2)] * 3, 4, 1).drain()
-    _Harness(cls, [(3, 10), (3, 10), (3, 10)], 7, 4, preemption="swap", cpu_blocks=8,
-             mode="no_swap_in").drain()
-    _Harness(cls, [(3, 10), (3, 10), (3, 10)], 7, 4, preemption="swap", cpu_blocks=1,
-             mode="no_swap_in").drain()
+def _swap_in_cases(cls: type, blame: str | None = None) -> None:
+    def run(specs, num_blocks, block_size, **options) -> None:
+        _Harness(cls, specs, num_blocks, block_size, preemption="swap", blame=blame,
+                 **options).drain()
 
-
-def _swap_in_cases(cls: type) -> None:
-    _Harness(cls, [(3, 10), (3, 10), (3, 10)], 7, 4, preemption="swap", cpu_blocks=8).drain()
-    _Harness(cls, [(4, 12)] * 4, 9, 4, preemption="swap", cpu_blocks=12).drain()
-    _Harness(cls, [(4, 12)] * 4, 10, 4, watermark=0.2, preemption="swap",
-             cpu_blocks=12).drain()
-    _Harness(cls, [(1, 3), (2, 2), (1, 3)], 4, 1, preemption="swap", cpu_blocks=8).drain()
+    run([(3, 10), (3, 10), (3, 10)], 7, 4, cpu_blocks=8)
+    run([(4, 12)] * 4, 9, 4, cpu_blocks=12)
+    run([(4, 12)] * 4, 10, 4, watermark=0.2, cpu_blocks=12)
+    run([(1, 3), (2, 2), (1, 3)], 4, 1, cpu_blocks=8)
 
 
 _CASES = {"admit": _admit_cases, "reserve_decode_slots": _reserve_cases,
           "preempt": _preempt_cases, "swap_in": _swap_in_cases}
+
+
+def _with_blame(cases: Callable, cls: type, *earlier: str) -> None:
+    """The check's cases, blaming an earlier TODO only where lending the course's version of
+    it makes them pass (``_harness.blame_where_due``)."""
+    from course.scheduler import Scheduler
+
+    blame_where_due(cases, cls, _CASES, Scheduler, *earlier)
 
 
 @visible
@@ -424,8 +438,7 @@ def check_admit(cls: type) -> None:
 def check_reserve_decode_slots(cls: type) -> None:
     """Three requests decode to completion in a pool with room for all: every step reserves
     each running request's next slot, oldest first, before it runs."""
-    _first(cls, "admit")
-    _reserve_cases(cls)
+    _with_blame(_reserve_cases, cls, "admit")
 
 
 @visible
@@ -433,10 +446,10 @@ def check_preempt(cls: type) -> None:
     """Pools too small for growing requests. By recompute: the newest is preempted (itself,
     when it is the one that needs a block) and goes back to the front of the queue; every
     request finishes with exactly its tokens, and no block leaks. By swap (until a request
-    would come back, which is swap_in's): victims move to the CPU pool and give their GPU
-    blocks back; a CPU pool too small raises SwapSpaceFullError and changes nothing."""
-    _first(cls, "admit", "reserve_decode_slots")
-    _preempt_cases(cls)
+    would come back, which is swap_in's): victims move to the CPU pool, with their KV, in the
+    order they were swapped out, and give their GPU blocks back; a CPU pool too small raises
+    SwapSpaceFullError and changes nothing."""
+    _with_blame(_preempt_cases, cls, "admit", "reserve_decode_slots")
 
 
 @visible
@@ -444,5 +457,4 @@ def check_swap_in(cls: type) -> None:
     """Preemption by swap to the end: victims come back in the order they were swapped out,
     when their blocks fit above the watermark, with their KV intact (the sentinel reads each
     position back)."""
-    _first(cls, "admit", "reserve_decode_slots", "preempt")
-    _swap_in_cases(cls)
+    _with_blame(_swap_in_cases, cls, "admit", "reserve_decode_slots", "preempt")

@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 )
 
 from autograder.checks._helpers import run_stateful
-from autograder.checks.ch03 import _Harness
+from autograder.checks.ch03 import _fork_cases, _free_cases, _Harness
 from autograder.hidden._lending import one_bug_one_todo
 from autograder.private import thorough
 
@@ -201,10 +201,15 @@ def check_append_slot_thoroughly(cls: type) -> None:
 
 @thorough
 def check_fork_thoroughly(cls: type) -> None:
-    """Random interleavings of allocate and fork (forks of forks, forks of unknown parents),
-    with sequences grown past full blocks: each table is its own list."""
-    _one_bug_one_todo(lambda subject: _stateful(subject, {"fork"}), cls,
-                      ("allocate", "append_slot"))
+    """The visible cases (a child id in use among them), then random interleavings of allocate
+    and fork (forks of forks, forks of unknown parents), with sequences grown past full blocks:
+    each table is its own list."""
+
+    def check(subject: type) -> None:
+        _fork_cases(subject)
+        _stateful(subject, {"fork"})
+
+    _one_bug_one_todo(check, cls, ("allocate", "append_slot"))
 
 
 @thorough
@@ -223,10 +228,12 @@ def check_copy_on_write_thoroughly(cls: type) -> None:
 
 @thorough
 def check_free_thoroughly(cls: type) -> None:
-    """Random interleavings of every operation, running out of blocks included; then free's
-    cost on a large pool."""
+    """The visible cases (a sequence freed twice, one never allocated), then random
+    interleavings of every operation, running out of blocks included; then free's cost on a
+    large pool."""
 
     def check(subject: type) -> None:
+        _free_cases(subject)
         _stateful(subject, {"append", "fork", "free"}, max_examples=200)
         _constant_time(subject, 4, (f"; {CALLS} one-block sequences allocated", _held),
                        ("bm.free(i)", lambda bm, i: bm.free(i)))

@@ -10,6 +10,8 @@ pool. ``block_key`` and ``prefix_keys`` are checked on random inputs for their p
 
 from __future__ import annotations
 
+import inspect
+import types
 from collections.abc import Callable
 
 from hypothesis import strategies as st
@@ -20,20 +22,24 @@ from hypothesis.stateful import (
     rule,
 )
 
-from autograder.checks._helpers import for_all, not_written, run_stateful
+from autograder.borrowing import course_version
+from autograder.checks._helpers import for_all, not_written, run_stateful, verdict_only
 from autograder.checks.ch04 import (
     _KEY_IDEA,
     ROOT,
-    _blame,
+    _allocate_cases,
     _check_prefix,
     _differ,
-    _eviction_cases,
     _Harness,
     _key,
     check_block_key,
     check_free,
 )
-from autograder.hidden._lending import one_bug_one_todo
+from autograder.hidden._lending import (
+    one_bug_one_todo,
+    one_bug_one_todo_of_function,
+    with_globals,
+)
 from autograder.private import thorough
 from course.block_manager import NoFreeBlocksError
 
@@ -74,10 +80,18 @@ def check_block_key_thoroughly(fn: Callable) -> None:
 
 @thorough
 def check_prefix_keys_thoroughly(fn: Callable) -> None:
-    """Random token lists and block sizes, lengths on block boundaries, repeated blocks."""
+    """Random token lists and block sizes, lengths on block boundaries, repeated blocks;
+    where the learner's prefix_keys fails them, again with the course's block_key lent to it,
+    so that a wrong block_key costs block_key alone."""
+    from course.prefix_cache import block_key
+
     cases = st.tuples(st.lists(st.integers(0, 3), max_size=40), st.integers(1, 9),
                       st.sampled_from([(), ("lora-3",)]))
-    for_all(cases, lambda c: _check_prefix(fn, *c), max_examples=100)
+
+    def check(subject: Callable) -> None:
+        for_all(cases, lambda c: _check_prefix(subject, *c), max_examples=100)
+
+    one_bug_one_todo_of_function(check, fn, {"block_key": block_key})
 
 
 # --- the manager: a model keyed by whole prefixes ------------------------------------------
@@ -171,7 +185,6 @@ def model(num_blocks: int, block_size: int) -> _Model:
 
 
 def _machine(cls: type, operations: set[str]) -> type:
-    blame = _blame(cls)
     prompts = st.lists(st.integers(0, 2), max_size=12)  # few token values: many shared prefixes
 
     class PrefixCacheMachine(RuleBasedStateMachine):
@@ -180,8 +193,7 @@ def _machine(cls: type, operations: set[str]) -> type:
 
         @initialize(num_blocks=st.integers(1, 10), block_size=st.sampled_from([1, 2, 3, 4]))
         def create(self, num_blocks: int, block_size: int) -> None:
-            self.h = _Harness(cls, num_blocks, block_size, model(num_blocks, block_size),
-                              blame)
+            self.h = _Harness(cls, num_blocks, block_size, model(num_blocks, block_size))
 
         @rule(tokens=prompts, salted=st.booleans())
         def allocate(self, tokens: list[int], salted: bool) -> None:
@@ -223,6 +235,34 @@ def check_take_block_thoroughly(cls: type) -> None:
         ops = draw(st.lists(st.tuples(st.booleans(), st.integers(0, 7)), max_size=30))
         return size, sorted(cached), ops
 
+    def take(bm, log: list[str], free: int) -> int | None:
+        """``bm._take_block()`` with ``free`` blocks free: the block, or None where it rightly
+        raised NoFreeBlocksError; any other outcome fails, in the learner's terms."""
+        log.append("bm._take_block()")
+        try:
+            block = bm._take_block()
+        except NotImplementedError:
+            raise AssertionError(not_written("_take_block")) from None
+        except NoFreeBlocksError:
+            if free:
+                raise AssertionError(f"After {'; '.join(log)}: it raised NoFreeBlocksError "
+                                     f"with {free} free blocks.") from None
+            return None
+        except Exception as exc:
+            if free:
+                raise AssertionError(f"After {'; '.join(log)}: it raised "
+                                     f"{type(exc).__name__}: {exc}.") from None
+            raise AssertionError(f"After {'; '.join(log)}: an empty pool raised "
+                                 f"{type(exc).__name__}: {exc}; expected NoFreeBlocksError."
+                                 ) from None
+        if not free:
+            raise AssertionError(f"After {'; '.join(log)}: an empty pool must raise "
+                                 "NoFreeBlocksError.")
+        if bm.ref_count(block) != 1:
+            raise AssertionError(f"After {'; '.join(log)}: block {block}'s reference count is "
+                                 f"{bm.ref_count(block)}; a block taken has one reference.")
+        return block
+
     def run(case) -> None:
         size, cached, ops = case
         bm = cls(size, 4)
@@ -230,22 +270,11 @@ def check_take_block_thoroughly(cls: type) -> None:
         bm.keys = {b: f"key-{b}" for b in cached}
         lru, held = list(range(size)), []
         log = [f"bm = PrefixCachingBlockManager({size}, 4), blocks {cached} cached"]
-        for take, pick in ops:
-            if take or not held:
-                log.append("bm._take_block()")
-                if not lru:
-                    try:
-                        bm._take_block()
-                    except NoFreeBlocksError:
-                        continue
-                    except NotImplementedError:
-                        raise AssertionError(not_written("_take_block")) from None
-                    raise AssertionError(f"After {'; '.join(log)}: an empty pool must raise "
-                                         "NoFreeBlocksError.")
-                try:
-                    got = bm._take_block()
-                except NotImplementedError:
-                    raise AssertionError(not_written("_take_block")) from None
+        for take_one, pick in ops:
+            if take_one or not held:
+                got = take(bm, log, len(lru))
+                if got is None:
+                    continue
                 expected = lru.pop(0)
                 if got != expected or bm.is_cached(got) or f"key-{got}" in bm.cache:
                     raise AssertionError(
@@ -277,16 +306,40 @@ def _one_bug_one_todo(check: Callable[[type], None], cls: type, others: tuple[st
                      companions={"allocate": ("_cache_full_blocks",)})
 
 
+def _keyed_by_the_course(cls: type) -> type:
+    """``cls`` keying blocks as the course does: its ``allocate`` finds the course's
+    ``block_key`` and ``prefix_keys`` where it calls them by name (the notebook's answers to
+    TODOs 1 and 2), and full blocks are keyed by the course's ``_cache_full_blocks``. A helper
+    of the learner's own that calls them keeps the learner's."""
+    from course import prefix_cache as course
+
+    lent = {"_cache_full_blocks": course_version(
+        inspect.getattr_static(course.PrefixCachingBlockManager, "_cache_full_blocks"))}
+    allocate = inspect.getattr_static(cls, "allocate", None)
+    if isinstance(allocate, types.FunctionType):
+        lent["allocate"] = with_globals(allocate, {
+            name: course_version(getattr(course, name)) for name in ("block_key", "prefix_keys")})
+    return type(cls.__name__, (cls,), lent)
+
+
 @thorough
 def check_allocate_thoroughly(cls: type) -> None:
-    """Hits waiting in the free queue (the visible cases), then random prompts with shared
-    prefixes and salts into random small pools, with appends and frees between them."""
+    """The visible scenarios (hits waiting in the free queue among them), then random prompts
+    with shared prefixes and salts into random small pools, with appends and frees between
+    them. allocate builds on block_key and prefix_keys too: it is judged with the course's keys
+    first, so that a wrong key costs its own TODO alone, and where that fails, with the
+    learner's own (which another canonical encoding needs)."""
 
     def check(subject: type) -> None:
-        _eviction_cases(subject, _blame(subject))
+        _allocate_cases(subject)
         _stateful(subject, {"append", "free"})  # frees put cached blocks back to be revived
 
-    _one_bug_one_todo(check, cls, ("_take_block", "append_slot", "free"))
+    others = ("_take_block", "append_slot", "free")
+    try:
+        with verdict_only():
+            _one_bug_one_todo(check, _keyed_by_the_course(cls), others)
+    except AssertionError:
+        _one_bug_one_todo(check, cls, others)
 
 
 @thorough
@@ -313,7 +366,7 @@ def _parent_evicted(cls: type) -> None:
     """A block cached while its parent's key lives in another block, which is evicted first: a
     later prompt must stop at the evicted parent and not reuse the child (a lookup that skips
     a miss maps KV of another position into the table)."""
-    h = _Harness(cls, 7, 2, model(7, 2), _blame(cls))
+    h = _Harness(cls, 7, 2, model(7, 2))
     h.allocate(0, [1, 2, 3])  # block 0 caches [1, 2]
     h.allocate(1, [1])  # no hit: the last token is computed
     for token in (2, 3, 4):  # its first block duplicates [1, 2] (not cached); [1, 2, 3, 4] is

@@ -72,10 +72,18 @@ MISTAKES = {
     "seqs_prefill": "max_num_seqs bounds the whole running batch (running), not only the "
                     "requests admitted in this step.",
     "seqs_inclusive": "running may hold max_num_seqs requests, not one more.",
+    "admit_prompt_len": "Admission counts, allocates and prefills a request's context_len "
+                        "tokens (its prompt and what it has generated), not its prompt_len: a "
+                        "request preempted by recompute comes back with everything it had.",
     "reserve_newest_first": "Slots are reserved oldest first (running is in admission order); "
                             "the decode batch came out in another order.",
     "victim_oldest": "The victim is the newest running request (the end of running), never "
                      "the oldest.",
+    "no_retry": "After preempting the newest running request, the request that ran out of "
+                "blocks tries again: it still needs its slot, and joins plan.decode once it "
+                "holds it.",
+    "preempt_unlisted": "A preempted request is recorded in plan.preempted, by recompute and by "
+                        "swap alike.",
     "no_self_preempt": "When the request that needs a block is itself the newest, it preempts "
                        "itself (into plan.preempted); it was left running without its slot.",
     "recompute_to_back": "A request preempted by recompute goes back to the front of the "
@@ -88,6 +96,8 @@ MISTAKES = {
                             "first.",
     "swap_in_overtakes": "Swapped requests come back in order: a newer one came back while the "
                          "oldest did not fit.",
+    "swap_in_decodes": "A request swapped in is not in this step's plan.decode: its next slot "
+                       "is reserved in the next step.",
     "swap_in_no_watermark": "Swapping in keeps the watermark too: a swapped request comes back "
                             "only when its blocks fit in the free blocks less watermark_blocks.",
 }
@@ -148,6 +158,8 @@ class _Model:
                     continue
                 if victim is r:
                     return
+                if self._is("no_retry"):  # moves on, r without its slot
+                    i += 1
                 continue
             if self.gpu[r.id] % self.size == 0:
                 self.free -= 1
@@ -159,26 +171,29 @@ class _Model:
         if self.preemption == "swap":
             need = self.blocks(self.gpu[victim.id])
             if self._is("swap_full_changes_state"):
-                self.running.remove(victim)
-                plan["preempted"].append(victim.id)
+                self._remove(victim, plan)
             if need > self.cpu_free:
                 raise SwapFull
             if not self._is("swap_full_changes_state"):
-                self.running.remove(victim)
-                plan["preempted"].append(victim.id)
+                self._remove(victim, plan)
             self.cpu_free -= need
             self.cpu[victim.id] = self.gpu.pop(victim.id)
             self.free += need
             plan["out"].append(victim.id)
             self.swapped.append(victim)
             return
-        self.running.remove(victim)
-        plan["preempted"].append(victim.id)
+        self._remove(victim, plan)
         self.free += self.blocks(self.gpu.pop(victim.id))
         if self._is("recompute_to_back"):
             self.waiting.append(victim)
         else:
             self.waiting.appendleft(victim)
+
+    def _remove(self, victim, plan: dict) -> None:
+        """The victim leaves running, into plan.preempted."""
+        self.running.remove(victim)
+        if not self._is("preempt_unlisted"):
+            plan["preempted"].append(victim.id)
 
     # -- swap in ---------------------------------------------------------------------------
 
@@ -201,6 +216,8 @@ class _Model:
             self.gpu[r.id] = self.cpu.pop(r.id)
             self.running.append(r)
             plan["in"].append(r.id)
+            if self._is("swap_in_decodes"):
+                plan["decode"].append(r.id)
 
     # -- admit -----------------------------------------------------------------------------
 
@@ -208,17 +225,21 @@ class _Model:
         count = len(plan["prefill"]) if self._is("seqs_prefill") else len(self.running)
         return count > self.max_seqs if self._is("seqs_inclusive") else count >= self.max_seqs
 
+    def _length(self, r) -> int:
+        """The tokens admission counts, allocates and prefills for ``r``."""
+        return r.prompt_len if self._is("admit_prompt_len") else r.context_len
+
     def _stops(self, r, plan: dict, tokens: int) -> bool:
         """Whether ``r`` does not fit (blocks or token budget); the batch is checked apart."""
         mark = 0 if self._is("no_watermark", "no_watermark_admit") else self.mark
-        if self.blocks(r.context_len) > self.free - mark:
+        if self.blocks(self._length(r)) > self.free - mark:
             return True
         used = tokens + (0 if self._is("budget_no_decode") else len(plan["decode"]))
         if self._is("no_budget"):
             return False
         if self._is("budget_strict"):
-            return used + r.context_len >= self.max_tokens
-        return used + r.context_len > self.max_tokens
+            return used + self._length(r) >= self.max_tokens
+        return used + self._length(r) > self.max_tokens
 
     def _never(self, r) -> bool:
         if self._is("never_rejects"):
@@ -248,9 +269,9 @@ class _Model:
                     continue
                 return
             del self.waiting[i]
-            tokens += r.context_len
-            self.free -= self.blocks(r.context_len)
-            self.gpu[r.id] = r.context_len
+            tokens += self._length(r)
+            self.free -= self.blocks(self._length(r))
+            self.gpu[r.id] = self._length(r)
             self.running.append(r)
             plan["prefill"].append(r.id)
 
@@ -402,8 +423,9 @@ def _unless_right(todo: str, its_check: Callable[[type], None], cls: type) -> tu
 
 @thorough
 def check_admit_thoroughly(cls: type) -> None:
-    """The visible cases, then random queues, pools, batch limits, token budgets (met
-    exactly, with decodes in the step) and watermarks, admission alone over several steps."""
+    """The visible cases, requests preempted by recompute and admitted again, then random
+    queues, pools, batch limits, token budgets (met exactly, with decodes in the step) and
+    watermarks, admission alone over several steps."""
 
     @st.composite
     def cases(draw):
@@ -415,6 +437,8 @@ def check_admit_thoroughly(cls: type) -> None:
 
     def check(subject: type) -> None:
         check_admit(subject)
+        # requests preempted by recompute come back through admission with what they generated
+        _harness(subject, [(3, 10)] * 3, 7, 4).drain()
 
         def run(case) -> None:
             specs, blocks, size, seqs, tokens, mark = case
