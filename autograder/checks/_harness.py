@@ -109,15 +109,3 @@ def _fails(check: Callable[[type], None], cls: type) -> bool:
     except Exception:  # a failure, or a stub's NotImplementedError: not a pass either way
         return True
     return False
-
-
-def first_failing(cases: Mapping[str, Callable[[type], None]], cls: type,
-                  *earlier: str) -> str | None:
-    """The first of the ``earlier`` TODOs whose own visible cases (``cases[todo](cls)``)
-    ``cls`` fails, if any: the TODO a later check's failure blames."""
-    for todo in earlier:
-        try:
-            cases[todo](cls)
-        except AssertionError:
-            return todo
-    return None
