@@ -148,3 +148,19 @@ def without_hidden_tests(source: Path, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, target)
     return target
+
+
+def given_cells_edited(source: Path, destination: Path | None = None, extra: str = ""
+                       ) -> nbformat.NotebookNode:
+    """``source`` with every cell a learner is given to change (set-up, demonstrations)
+    edited as they try things: a comment, then the cell, then a line of theirs (and
+    ``extra``). Written to ``destination`` when given."""
+    from autograder.release_history import given_cells
+
+    notebook = nbformat.read(source, as_version=4)
+    for cell in given_cells(notebook):
+        cell.source = f"# trying other sizes here\n{cell.source}\nprint('tried')\n{extra}"
+    if destination is not None:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, destination)
+    return notebook

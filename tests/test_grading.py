@@ -18,7 +18,14 @@ import nbformat
 import pytest
 from conftest import CHAPTERS, grade, max_points
 from mutants import ch01 as mutants
-from notebook_variants import borrowed, class_solution, fill, from_module, source_named
+from notebook_variants import (
+    borrowed,
+    class_solution,
+    fill,
+    from_module,
+    given_cells_edited,
+    source_named,
+)
 
 from autograder.table import PARTS
 from course import kv_sizing
@@ -47,10 +54,11 @@ def _warner(num_layers, num_kv_heads, head_dim, bytes_per_element):
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, repo, tmp_path):
-    """The instructor's solution (earlier chapters' answers used as the notebook intends) and
-    a differently written correct one get full marks; the unfilled exercise and one whose
-    every TODO borrows the course's own answer (imported, aliased through importlib, wrapped,
-    partial, a method copied, delegated to, inherited) get zero, each test saying why."""
+    """The instructor's solution (earlier chapters' answers used as the notebook intends),
+    every cell a learner is given to change edited, and a differently written correct one get
+    full marks; the unfilled exercise and one whose every TODO borrows the course's own answer
+    (imported, aliased through importlib, wrapped, partial, a method copied, delegated to,
+    inherited) get zero, each test saying why."""
     exercise = repo / "exercises" / f"{chapter.name}.ipynb"
     parts = PARTS[chapter.name]
     alternative = importlib.import_module(parts.alternatives)
@@ -67,8 +75,9 @@ def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, rep
     borrowing = borrowed(exercise, tmp_path / "borrowed" / f"{chapter.name}.ipynb",
                          chapter.source)
     report = tmp_path / "report.json"
-    done = grade("grade", chapter.source, exercise, alternative_notebook, borrowing, "--json",
-                 report)
+    edited = tmp_path / "solution" / f"{chapter.name}.ipynb"
+    given_cells_edited(chapter.source, edited)
+    done = grade("grade", edited, exercise, alternative_notebook, borrowing, "--json", report)
     assert done.returncode == 0, done.stderr
     solution, unfilled, other, borrower = json.loads(report.read_text())
     full = max_points(chapter)

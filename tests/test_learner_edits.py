@@ -5,7 +5,9 @@ counts against them.
 The static scan (``autograde.flagged_line``) runs on the notebook as rebuilt for grading,
 against the released exercise and the lines earlier releases put in its cells
 (``release_history``); here against the committed exercises, in both languages. One chapter
-goes through the whole pipeline, as an earlier release wrote its demonstration and edited."""
+goes through the whole pipeline as an earlier release wrote its demonstration, edited; every
+chapter's solution is graded with its given cells edited in tests/test_grading.py (English)
+and tests/test_zh_grading.py (Chinese)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import nbformat
 import pytest
 from conftest import CHAPTERS, grade, max_points
+from notebook_variants import given_cells_edited
 
 from autograder.autograde import flagged_line
 from autograder.chapters import EXERCISES
@@ -30,13 +33,9 @@ def _released(chapter, language: str) -> nbformat.NotebookNode:
 
 
 def _edited(chapter, language: str, extra: str = "") -> nbformat.NotebookNode:
-    """The chapter's solution with every given cell edited as a learner tries things: a
-    comment and a changed line."""
-    notebook = nbformat.read(chapter.source_in(language) if language == ZH else chapter.source,
-                             as_version=4)
-    for cell in given_cells(notebook):
-        cell.source = f"# trying other sizes here\n{cell.source}\nprint('tried')\n{extra}"
-    return notebook
+    """The chapter's solution with every given cell edited as a learner tries things."""
+    return given_cells_edited(chapter.source_in(language) if language == ZH else chapter.source,
+                              extra=extra)
 
 
 @pytest.mark.parametrize(("chapter", "language"), CASES,

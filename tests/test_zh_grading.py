@@ -1,6 +1,7 @@
 """The Chinese notebooks as a grader meets them: graded by the real nbgrader pipeline, each
 solution gets full marks, its unfilled exercise zero with every hint and the report in
-Chinese; a class's English and Chinese submissions of a chapter land in one gradebook.
+Chinese (every cell a learner is given to change edited, as they try things there); a
+class's English and Chinese submissions of a chapter land in one gradebook.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 
 import pytest
 from conftest import CHAPTERS, grade, max_points
+from notebook_variants import given_cells_edited
 
 from autograder.chapters import EXERCISES
 
@@ -23,7 +25,8 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_a_chinese_solution_grades_full_marks_and_its_exercise_zero_in_chinese(chapter,
                                                                               tmp_path):
-    solution = chapter.source_in(ZH)
+    solution = tmp_path / "solution" / f"{chapter.name}.ipynb"
+    given_cells_edited(chapter.source_in(ZH), solution)  # as a learner tries things in them
     exercise = EXERCISES / ZH / f"{chapter.name}.ipynb"
     report = tmp_path / "report.json"
     done = grade("grade", solution, exercise, "--json", report)
