@@ -1,23 +1,18 @@
-"""A notebook with one wrong TODO, for the tests that one bug costs one TODO: the course's
-answers (a library module's functions), a mutant in the place of one, each finding the
-others by name in the notebook's namespace, as the notebook's functions do."""
+"""A notebook with one wrong TODO, for the tests that one bug costs one TODO in the chapters
+whose TODOs are functions: the course's answers (a library module's functions), a mutant in
+the place of one, each finding the others by name in the notebook's namespace, as the
+notebook's functions do."""
 
 from __future__ import annotations
 
+import re
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 
+import pytest
 
-def notebook_of(reference: ModuleType, todos: Iterable[str], wrong: str, mutant: Callable
-                ) -> dict[str, Callable]:
-    """TODO name -> its function: ``reference``'s answer, ``mutant`` for ``wrong``."""
-    written = {name: mutant if name == wrong else getattr(reference, name) for name in todos}
-    placed = {name: types.FunctionType(fn.__code__, dict(fn.__globals__), name, fn.__defaults__,
-                                       fn.__closure__) for name, fn in written.items()}
-    for fn in placed.values():
-        fn.__globals__.update(placed)
-    return placed
+CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -26,17 +21,65 @@ def _names(code: types.CodeType) -> set[str]:
                                       if isinstance(inner, types.CodeType)))
 
 
-def callers(reference: ModuleType, todos: Iterable[str], todo: str) -> list[str]:
-    """The other TODOs whose answer in ``reference`` calls ``todo``, directly or through
-    another TODO: the only ones a wrong ``todo`` can reach."""
-    todos = set(todos)
-    calls = {name: _names(getattr(reference, name).__code__) & todos for name in todos}
-    reached = {todo}
-    while grown := {name for name, called in calls.items() if called & reached} - reached:
-        reached |= grown
-    return sorted(reached - {todo})
-
-
 def unwritten(*args, **kwargs):
     """A TODO left as the exercise has it."""
     raise NotImplementedError()
+
+
+class FunctionTodos:
+    """A chapter's function TODOs: their answers in ``reference``, their mutants
+    (``MUTANTS``), its visible and hidden checks modules and its number (``"01"``)."""
+
+    def __init__(self, reference: ModuleType, mutants: Mapping[str, list], visible: ModuleType,
+                 hidden: ModuleType, number: str) -> None:
+        self.reference, self.todos = reference, list(mutants)
+        self.mutants, self.visible, self.hidden, self.number = mutants, visible, hidden, number
+
+    def notebook(self, wrong: str, mutant: Callable) -> dict[str, Callable]:
+        """TODO name -> its function: the course's answer, ``mutant`` for ``wrong``."""
+        written = {name: mutant if name == wrong else getattr(self.reference, name)
+                   for name in self.todos}
+        placed = {name: types.FunctionType(fn.__code__, dict(fn.__globals__), name,
+                                           fn.__defaults__, fn.__closure__)
+                  for name, fn in written.items()}
+        for fn in placed.values():
+            fn.__globals__.update(placed)
+        return placed
+
+    def callers(self, todo: str) -> list[str]:
+        """The other TODOs whose answer calls ``todo``, directly or through another TODO: the
+        only ones a wrong ``todo`` can reach."""
+        todos = set(self.todos)
+        calls = {name: _names(getattr(self.reference, name).__code__) & todos for name in todos}
+        reached = {todo}
+        while grown := {name for name, called in calls.items() if called & reached} - reached:
+            reached |= grown
+        return sorted(reached - {todo})
+
+    def building_on_others(self) -> dict[str, list[str]]:
+        """TODO -> the TODOs that call it, for the TODOs some other one calls."""
+        return {todo: self.callers(todo) for todo in self.todos if self.callers(todo)}
+
+    def one_wrong_cases(self) -> list:
+        """Every mutant of every TODO, as pytest parameters (todo, mutant)."""
+        return [pytest.param(todo, mutant, id=f"{todo}-{mutant.__name__.strip('_')}")
+                for todo, found in self.mutants.items() for mutant, _ in found]
+
+    def costs_that_todo_alone(self, todo: str, mutant: Callable) -> None:
+        """A notebook right but for ``todo``: the hidden test of every TODO that calls it
+        passes (the course's version lent where the learner's fails). The other TODOs never
+        run it: they are the course's answers, which tests/test_checks.py passes."""
+        notebook = self.notebook(todo, mutant)
+        for other in self.callers(todo):
+            getattr(self.hidden, f"check_{other}_thoroughly")(notebook[other])
+
+    def sent_to_fix_first(self, todo: str, earlier: str, wrong: Callable, hint: str) -> None:
+        """``todo`` right beside a wrong ``earlier``: its visible test says which TODO to fix
+        (``hint``), in both languages; its hidden test passes (the earlier TODO lent)."""
+        from autograder.hints import in_language
+
+        right = self.notebook(earlier, wrong)[todo]
+        with pytest.raises(AssertionError, match=re.escape(hint)) as failed:
+            getattr(self.visible, f"check_{todo}")(right)
+        assert CJK.search(in_language(str(failed.value), "zh_CN", self.number))
+        getattr(self.hidden, f"check_{todo}_thoroughly")(right)

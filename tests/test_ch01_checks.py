@@ -3,28 +3,18 @@ alternative runs are in test_checks.py)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-
 import pytest
 from mutants.ch01 import MUTANTS, _without_factor_two
-from one_wrong_todo import callers, notebook_of, unwritten
+from one_wrong_todo import FunctionTodos, unwritten
 
 from autograder.checks import ch01
 from autograder.hidden import ch01 as hidden01
-from autograder.hints import in_language
 from course import kv_sizing as reference
 
-
-def _notebook(wrong: str, mutant: Callable) -> dict[str, Callable]:
-    return notebook_of(reference, MUTANTS, wrong, mutant)
+TODOS = FunctionTodos(reference, MUTANTS, ch01, hidden01, "01")
 
 
-def _callers(todo: str) -> list[str]:
-    return callers(reference, MUTANTS, todo)
-
-
-def test_anunwritten_function_is_reported_as_not_written():
+def test_an_unwritten_function_is_reported_as_not_written():
     def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_element):
         raise NotImplementedError()
 
@@ -81,7 +71,7 @@ def test_a_request_longer_than_max_model_len_is_refused_before_counting():
     assert reference.requests_fit_contiguous([2048, 2048], 4096, 2048) == 2
 
 
-def test_anunwritten_function_is_told_so_before_anunwritten_earlier_todo():
+def test_an_unwritten_function_is_told_so_before_an_unwritten_earlier_todo():
     def kv_bytes_per_token(**kw):
         raise NotImplementedError()
 
@@ -103,30 +93,15 @@ def test_a_right_sequence_beside_a_wrong_per_token_todo_is_sent_to_fix_that_firs
         earlier, wrong, hint):
     """Its visible test says which earlier TODO to fix, in both languages; its hidden test
     passes (the course's per-token function lent)."""
-    sequence = _notebook(earlier, wrong)["kv_bytes_per_sequence"]
-    with pytest.raises(AssertionError, match=hint) as failed:
-        ch01.check_kv_bytes_per_sequence(sequence)
-    assert re.search(r"[\u4e00-\u9fff]", in_language(str(failed.value), "zh_CN", "01"))
-    hidden01.check_kv_bytes_per_sequence_thoroughly(sequence)
-
-
+    TODOS.sent_to_fix_first("kv_bytes_per_sequence", earlier, wrong, hint)
 
 
 def test_the_sequence_builds_on_both_per_token_todos():
-    assert {todo: _callers(todo) for todo in MUTANTS if _callers(todo)} == {
+    assert TODOS.building_on_others() == {
         "kv_bytes_per_token": ["kv_bytes_per_sequence"],
         "mla_kv_bytes_per_token": ["kv_bytes_per_sequence"]}
 
 
-_ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant, _ in found]
-
-
-@pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
-                         ids=[f"{todo}-{m.__name__.strip('_')}" for todo, m in _ONE_WRONG_TODO])
+@pytest.mark.parametrize(("todo", "mutant"), TODOS.one_wrong_cases())
 def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):
-    """A notebook right but for one TODO: the hidden test of every TODO that calls it passes
-    (the course's version lent where the learner's fails). The other TODOs never run it: they
-    are the course's answers, which test_checks.py passes."""
-    notebook = _notebook(todo, mutant)
-    for other in _callers(todo):
-        getattr(hidden01, f"check_{other}_thoroughly")(notebook[other])
+    TODOS.costs_that_todo_alone(todo, mutant)

@@ -5,27 +5,17 @@ alternative runs are in test_checks.py)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-
 import pytest
 from mutants.ch02 import MUTANTS
-from one_wrong_todo import callers, notebook_of, unwritten
+from one_wrong_todo import FunctionTodos, unwritten
 
 from autograder.checks import ch02
 from autograder.hidden import ch02 as hidden02
-from autograder.hints import in_language
 from course import block_tables as reference
 
 _WRONG = {m.__name__: m for found in MUTANTS.values() for m, _ in found}
 
-
-def _notebook(wrong: str, mutant: Callable) -> dict[str, Callable]:
-    return notebook_of(reference, MUTANTS, wrong, mutant)
-
-
-def _callers(todo: str) -> list[str]:
-    return callers(reference, MUTANTS, todo)
+TODOS = FunctionTodos(reference, MUTANTS, ch02, hidden02, "02")
 
 
 @pytest.mark.parametrize(("todo", "earlier", "wrong", "hint"), [
@@ -41,30 +31,15 @@ def test_a_right_todo_beside_a_wrong_earlier_one_is_sent_to_fix_that_first(
         todo, earlier, wrong, hint):
     """Its visible test says which earlier TODO to fix, in both languages; its hidden test
     passes (the course's version of the earlier TODO lent)."""
-    right = _notebook(earlier, wrong)[todo]
-    with pytest.raises(AssertionError, match=hint) as failed:
-        getattr(ch02, f"check_{todo}")(right)
-    assert re.search(r"[\u4e00-\u9fff]", in_language(str(failed.value), "zh_CN", "02"))
-    getattr(hidden02, f"check_{todo}_thoroughly")(right)
-
-
+    TODOS.sent_to_fix_first(todo, earlier, wrong, hint)
 
 
 def test_the_todos_that_build_on_earlier_ones():
-    assert {todo: _callers(todo) for todo in MUTANTS if _callers(todo)} == {
+    assert TODOS.building_on_others() == {
         "blocks_needed": ["last_block_waste", "paged_utilisation"],
         "locate": ["slot_id", "slot_mapping"], "slot_id": ["slot_mapping"]}
 
 
-_ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant, _ in found]
-
-
-@pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
-                         ids=[f"{todo}-{m.__name__.strip('_')}" for todo, m in _ONE_WRONG_TODO])
+@pytest.mark.parametrize(("todo", "mutant"), TODOS.one_wrong_cases())
 def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):
-    """A notebook right but for one TODO: the hidden test of every TODO that calls it passes
-    (the course's version lent where the learner's fails). The other TODOs never run it: they
-    are the course's answers, which test_checks.py passes."""
-    notebook = _notebook(todo, mutant)
-    for other in _callers(todo):
-        getattr(hidden02, f"check_{other}_thoroughly")(notebook[other])
+    TODOS.costs_that_todo_alone(todo, mutant)

@@ -4,29 +4,19 @@ names what the checks report; and one wrong TODO costs that TODO alone."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-
 import pytest
 from mutants.ch08 import MUTANTS, _abort_keeps_gpu_blocks
-from one_wrong_todo import callers, notebook_of
+from one_wrong_todo import FunctionTodos
 
 from autograder.checks import ch08
 from autograder.hidden import ch08 as hidden08
-from autograder.hints import in_language
 from autograder.table import parts_of
 from course import paged_engine as reference
 from course.capstone import equality_report, reservation_trace, workload
 from course.paged_engine import PagedEngine, make_request, serve
 from course.tiny_model import TinyModel
 
-
-def _notebook(wrong: str, mutant: Callable) -> dict[str, Callable]:
-    return notebook_of(reference, MUTANTS, wrong, mutant)
-
-
-def _callers(todo: str) -> list[str]:
-    return callers(reference, MUTANTS, todo)
+TODOS = FunctionTodos(reference, MUTANTS, ch08, hidden08, "08")
 
 
 def test_sixteen_concurrent_requests_are_preempted_and_equal_their_contiguous_runs():
@@ -132,34 +122,18 @@ def test_debugging_table_rows_are_the_mistakes_the_named_checks_report():
             assert fragment in first, (symptom, mutant_name, first)
 
 
-
 def test_right_fault_handling_beside_a_wrong_abort_is_sent_to_fix_abort_first():
     """Its visible test says to fix abort first, in both languages; its hidden test passes
     (the course's abort lent)."""
-    right = _notebook("abort", _abort_keeps_gpu_blocks)["decode_surviving_faults"]
-    with pytest.raises(AssertionError, match="If abort fails its own test, fix that first") \
-            as failed:
-        ch08.check_decode_surviving_faults(right)
-    assert re.search(r"[\u4e00-\u9fff]", in_language(str(failed.value), "zh_CN", "08"))
-    hidden08.check_decode_surviving_faults_thoroughly(right)
-
-
+    TODOS.sent_to_fix_first("decode_surviving_faults", "abort", _abort_keeps_gpu_blocks,
+                            "If abort fails its own test, fix that first")
 
 
 def test_the_todos_that_build_on_earlier_ones():
-    assert {todo: _callers(todo) for todo in MUTANTS if _callers(todo)} == {
+    assert TODOS.building_on_others() == {
         "abort": ["decode_surviving_faults"]}
 
 
-_ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant, _ in found]
-
-
-@pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
-                         ids=[f"{todo}-{m.__name__.strip('_')}" for todo, m in _ONE_WRONG_TODO])
+@pytest.mark.parametrize(("todo", "mutant"), TODOS.one_wrong_cases())
 def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):
-    """A notebook right but for one TODO: the hidden test of every TODO that calls it passes
-    (the course's version lent where the learner's fails). The other TODOs never run it: they
-    are the course's answers, which test_checks.py passes."""
-    notebook = _notebook(todo, mutant)
-    for other in _callers(todo):
-        getattr(hidden08, f"check_{other}_thoroughly")(notebook[other])
+    TODOS.costs_that_todo_alone(todo, mutant)
