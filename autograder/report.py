@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import re
-import textwrap
 from dataclasses import asdict, dataclass
 
 from autograder.hints import in_language
-from course.language import ENGLISH
+from course.language import ENGLISH, aligned, columns
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # exceptions whose message is the whole hint (the checks' verdicts, a borrowed answer)
 VERDICTS = ("AssertionError", "CheckFailed", "BorrowedAnswer")
 NOT_GRADED = "NotGraded"  # the error a test cell of a notebook not run shows, with the reason
+WIDTH = 96  # the columns of a terminal a hint's lines take, indent included
+_CLOSING = "，。、；：！？）》」』】"  # punctuation that never starts a line
 
 
 @dataclass
@@ -108,17 +109,45 @@ def format_report(result: NotebookResult) -> str:
     if not result.graded:
         return f"{result.notebook}{who}: " + say(
             f"chapter {result.chapter or '?'}, not graded: {result.error}")
-    width = max([len(t.id) for t in result.tests] + [4])
+    width = max(columns(text) for text in [say("test"), *(t.id for t in result.tests)])
     lines = [f"{result.notebook}{who}: "
              + say(f"chapter {result.chapter}, graded on {result.runtime}"),
-             f"  {say('test'):<{width}}  {say('points'):>9}  {say('result')}"]
+             f"  {aligned(say('test'), -width)}  {aligned(say('points'), 9)}  {say('result')}"]
     for test in result.tests:
         points = f"{test.points:g} / {test.max_points:g}"
         verdict = say("pass") if test.passed else say("FAIL")
-        lines.append(f"  {test.id:<{width}}  {points:>9}  {verdict}")
+        lines.append(f"  {aligned(test.id, -width)}  {points:>9}  {verdict}")
         if test.message:
-            lines += textwrap.wrap(test.message, width=96,
-                                   initial_indent="      " + say("hint:") + " ",
-                                   subsequent_indent="            ")
+            lines += _wrap(test.message, "      " + say("hint:") + " ", "            ")
     lines.append("  " + say(f"score: {result.score:g} / {result.max_score:g}"))
     return "\n".join(lines)
+
+
+def _wrap(text: str, first: str, then: str, width: int = WIDTH) -> list[str]:
+    """``text`` in lines of at most ``width`` terminal columns (a Chinese character takes two),
+    the first line led by ``first``, the others by ``then``. A line breaks at a space, or
+    between wide characters where there is none (Chinese); never inside a run of narrow ones
+    (a word, an identifier, `code`), which stands alone on a line where it is longer than one,
+    and never before closing punctuation."""
+    lines: list[str] = []
+    line, bare = first, True  # bare: the line holds its lead alone
+    for word in text.split():
+        for i, piece in enumerate(_pieces(word)):
+            gap = "" if bare or i else " "
+            if not bare and columns(line + gap + piece) > width:
+                lines.append(line)
+                line, gap = then, ""
+            line, bare = line + gap + piece, False
+    return lines if bare else [*lines, line]
+
+
+def _pieces(word: str) -> list[str]:
+    """``word`` (no spaces) cut where a line may break: either side of a wide character, each
+    with the closing punctuation after it."""
+    pieces: list[str] = []
+    for char in word:
+        if pieces and (char in _CLOSING or columns(char) == 1 == columns(pieces[-1][-1])):
+            pieces[-1] += char
+        else:
+            pieces.append(char)
+    return pieces

@@ -3,7 +3,7 @@
 English is the source: every sentence is written in English in the code or the notebook, and
 a translation lives in a gettext catalogue (``<package>/locale/<language>/LC_MESSAGES/*.po``),
 keyed by that English sentence. Change the sentence and its translation is out of date: the
-suite says which (``tests/test_translations.py``).
+suite says which.
 
 A learner chooses the language once: ``course.setup(language="zh_CN")`` (what the Chinese
 notebooks' set-up cell does), or ``KV_COURSE_LANGUAGE=zh_CN`` in the environment.
@@ -176,8 +176,9 @@ def split_template(text: str) -> tuple[str, ...]:
 _PLAIN = r"[^()\[\]{}`]|`(?![^`]*`)"
 _CODE = r"`[^`]*`"
 _QUOTED = r"([^`]*)"  # a hole between backticks holds code
-# a hole formatted as a number ({error:.3g}) holds one whole: "2.79." is 2.79 and a full stop
-_NUMBER = r"([-+]?(?:inf|nan|\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?%?))"
+# a hole formatted as a number ({error:.3g}) holds one whole: "2.79." is 2.79 and a full stop;
+# padded to a width ({ms:7.1f}), its spaces with it
+_NUMBER = r"( *[-+]?(?:inf|nan|\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?%?))"
 
 
 def _group(depth: int) -> str:
@@ -329,12 +330,17 @@ def catalogue(package: Path, language: str, domains: tuple[str, ...] = ()
                      else sorted(folder.glob("*.po")))
 
 
+def columns(text: str) -> int:
+    """How many columns of a terminal ``text`` takes: two for a wide character (Chinese, East
+    Asian Width W or F), one for any other."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def aligned(text: str, width: int) -> str:
     """``text`` in ``abs(width)`` columns of a terminal (where a Chinese character takes two),
     right-aligned, or left-aligned for a negative ``width``: a table's heading in any
     language."""
-    pad = " " * max(abs(width) - sum(2 if unicodedata.east_asian_width(c) in "WF" else 1
-                                     for c in text), 0)
+    pad = " " * max(abs(width) - columns(text), 0)
     return text + pad if width < 0 else pad + text
 
 
@@ -344,3 +350,9 @@ def tr(text: str) -> str:
     collects what it marks."""
     book = catalogue(Path(__file__).resolve().parent, current())
     return text if book is None else book.translate(text)
+
+
+def tr_later(text: str) -> str:
+    """``text`` as it is: marks a text the library keeps in English (a name it also reads, an
+    event it counts) and translates where it shows it (``tr(name)``), for the catalogue."""
+    return text

@@ -10,10 +10,12 @@ import pytest
 from alternatives.ch03 import ALTERNATIVES
 from mutants.ch03 import MUTANTS, ONLY_SLOWER, UNSEEN_BY_THE_PROBE
 
-from course.bench import NaiveFreeListManager, naive, trace_ops_per_second
+from course import bench
+from course.bench import NaiveFreeListManager, naive, paired_runs, trace_ops_per_second
 from course.block_animation import allocation_animation, animate
 from course.block_manager import BlockManager
 from course.block_scenarios import beam_search, interleaved_growth, probe, record, running_out
+from course.language import tr
 from course.notebook import NotReady, learner_or_course_class, needs
 from course.sharing import beam_search as beam_saving
 from course.sharing import parallel_sampling
@@ -117,6 +119,17 @@ def test_the_benchmark_runs_both_free_pools():
     assert isinstance(slow, _Unfinished) and not isinstance(slow.free_blocks, deque)
     slow.allocate(0, 9)
     assert (slow.block_table(0), slow.num_free_blocks()) == ([0, 1, 2], 5)
+
+
+def test_the_benchmark_prints_the_median_ratio_of_paired_runs(monkeypatch, capsys):
+    """What it prints, not how fast: timings belong to ``python -m course.bench``."""
+    fast, slow, ratio = paired_runs(BlockManager, 200, pairs=3, operations=900)
+    assert min(fast, slow, ratio) > 0
+    monkeypatch.setattr(bench, "paired_runs", lambda manager_class, size: (3e5, 1.5e5, 2.0))
+    bench.main()
+    header, *rows = capsys.readouterr().out.splitlines()[2:]
+    assert header.endswith(tr("deque / list"))
+    assert [row.split()[-1] for row in rows] == ["2.00"] * 3
 
 
 def test_the_probe_tells_correct_classes_from_wrong_ones():
