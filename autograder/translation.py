@@ -5,7 +5,7 @@ gettext catalogues (``*.po``, one per notebook, chapter of checks, grader and li
 each translation whose English is unchanged; ``build`` writes a translated notebook from an
 English one and its catalogue. What is collected::
 
-    solutions/NN_slug.ipynb     markdown, block by block (fenced code stays as written);
+    solutions/NN_slug.ipynb     markdown, block by block (a fenced block whole);
                                 in code cells, comments, docstrings (paragraph by paragraph)
                                 and the strings a cell prints
         -> solutions/locale/<language>/LC_MESSAGES/NN_slug.po
@@ -39,11 +39,13 @@ from course.language import locale_folder, split_template
 
 TRANSLATED = ("zh_CN",)  # the languages the course is translated into
 BRACE = "python-brace-format"
-# What marks a string for translation (``say``: a report's shorthand for ``in_language``).
-MARKS = ("tr", "in_language", "say")
-# The keyword arguments whose strings a reader sees: chart titles and legends, widget labels.
+# What marks a string for translation (``say``: a report's shorthand for ``in_language``;
+# ``tr_later``: a text translated where it is shown).
+MARKS = ("tr", "tr_later", "in_language", "say")
+# The keyword arguments whose strings a reader sees: chart titles and legends, widget labels
+# (of a dict, its keys: a chart's series or ceilings by name).
 LABELS = ("title", "xaxis_title", "yaxis_title", "title_text", "x_title", "y_title", "name",
-          "subplot_titles", "description")
+          "subplot_titles", "description", "series", "ceilings")
 GLOSSARY = REPO / "docs" / "glossary.zh_CN.md"
 
 # The grader's own modules whose messages a learner reads (the chapters' checks have their own
@@ -106,8 +108,9 @@ def _labels(tree: ast.AST) -> list[ast.expr]:
         if isinstance(call, ast.Call):
             for keyword in call.keywords:
                 if keyword.arg in LABELS:
-                    values = keyword.value.elts if isinstance(
-                        keyword.value, ast.Tuple | ast.List) else [keyword.value]
+                    value = keyword.value
+                    values = value.elts if isinstance(value, ast.Tuple | ast.List) else \
+                        value.keys if isinstance(value, ast.Dict) else [value]
                     found += [v for v in values if isinstance(v, ast.Constant | ast.JoinedStr)]
     return found
 
@@ -128,13 +131,14 @@ def _template(node: ast.JoinedStr) -> str:
     return "".join(out)
 
 
-def _is_prose(text: str, template: bool) -> bool:
+def _is_prose(text: str, template: bool, label: bool = False) -> bool:
     """Whether a string reads as words to a learner, not as a name, a path or a format: two
-    English words or more, or for a template (which glues pieces of a hint together) one."""
+    English words or more, or for a template (which glues pieces of a hint together) one; a
+    chart's or widget's label (``y_title="requests"``) is read as words even when it is one."""
     literal = "".join(split_template(text)[0::2]) if template else text
     literal = re.sub(r"<[^<>]*>", "", literal)  # HTML tags are not words
     words = re.findall(r"(?<![\w.])[A-Za-z][a-z]+(?![\w(.])", literal)
-    return len(words) >= (1 if template else 2) and " " in literal.strip()
+    return len(words) >= (1 if template or label else 2) and (label or " " in literal.strip())
 
 
 def notebook_texts(path: Path) -> list[Text]:
@@ -170,8 +174,9 @@ class Piece:
 
 
 def markdown_pieces(source: str) -> list[Piece]:
-    """Blocks between blank lines; a fenced code block is left as it is."""
-    pieces, fenced, start = [], False, None
+    """Blocks between blank lines; a fenced block (a diagram, a signature) is one piece when
+    it holds words, its fences left as they are."""
+    pieces, fenced, start, inside = [], False, None, 0
     at = 0
     for line in source.splitlines(keepends=True):
         stripped = line.strip()
@@ -179,7 +184,9 @@ def markdown_pieces(source: str) -> list[Piece]:
             if start is not None and not fenced:
                 pieces.append(_block(source, start, at))
                 start = None
-            fenced = not fenced
+            if fenced and _is_prose(source[inside:at], False):
+                pieces.append(_block(source, inside, at))
+            fenced, inside = not fenced, at + len(line)
         elif not fenced:
             if stripped and start is None:
                 start = at
@@ -308,13 +315,16 @@ def _span(node: ast.expr, source: str, offsets: list[int]) -> tuple[int, int]:
 
 
 def _printed(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
-    """Each string literal an argument of ``print(...)``, or a chart's or widget's text
-    (``title=`` ...), is made of: its text between the quotes, holes as written."""
-    printed = [argument for call in ast.walk(tree)
+    """Each string literal an argument of ``print(...)`` (or either branch of one: ``print(a if
+    same else b)``), or a chart's or widget's text (``title=`` ...), is made of: its text
+    between the quotes, holes as written."""
+    printed = [branch for call in ast.walk(tree)
                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-               and call.func.id == "print" for argument in call.args]
+               and call.func.id == "print" for argument in call.args
+               for branch in _branches(argument)]
+    labels = _labels(tree)
     pieces = []
-    for argument in printed + _labels(tree):
+    for argument in printed + labels:
         if not isinstance(argument, ast.Constant | ast.JoinedStr):
             continue
         start, end = _span(argument, source, offsets)
@@ -324,10 +334,17 @@ def _printed(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
             quote = 3 if literal[len(prefix):len(prefix) + 3] in ('"""', "'''") else 1
             inner_start = start + token_start + len(prefix) + quote
             inner = source[inner_start:start + token_end - quote]
-            if _is_prose(inner, "f" in prefix.lower()):
+            if _is_prose(inner, "f" in prefix.lower(), argument in labels):
                 pieces.append(Piece(inner_start, inner_start + len(inner), inner, "string",
                                     template="f" in prefix.lower()))
     return pieces
+
+
+def _branches(node: ast.expr) -> list[ast.expr]:
+    """``node``, or for a conditional expression the branches it may be."""
+    if isinstance(node, ast.IfExp):
+        return _branches(node.body) + _branches(node.orelse)
+    return [node]
 
 
 def _string_tokens(code: str) -> list[tuple[int, int]]:

@@ -37,7 +37,7 @@ def explorer_html(position: int, block_table: list[int], block_size: int, num_po
         + ('<td class="label">|</td>' if (p + 1) % block_size == 0 else "")
         for p in range(len(block_table) * block_size))
     table = "".join(
-        f'<tr><td class="label">logical {i}</td>'
+        f'<tr><td class="label">{tr(f"logical {i}")}</td>'
         f'<td class="{"here" if i == logical else "mine"}">{b}</td></tr>'
         for i, b in enumerate(block_table))
     rows = []
@@ -47,19 +47,20 @@ def explorer_html(position: int, block_table: list[int], block_size: int, num_po
             here = block * block_size + o == slot
             shade = "here" if here else "mine" if block in block_table else ""
             cells.append(f'<td class="{shade}">{block * block_size + o}</td>')
-        rows.append(f'<tr><td class="label">block {block}</td>{"".join(cells)}</tr>')
+        rows.append(f'<tr><td class="label">{tr(f"block {block}")}</td>{"".join(cells)}</tr>')
+    route = tr(f"logical block {position} // {block_size} = {logical}, offset {position} % "
+               f"{block_size} = {offset} &rarr; block table[{logical}] = physical block "
+               f"{physical} &rarr; slot {physical} &times; {block_size} + {offset} =")
+    sequence, table_title = tr("the sequence (logical positions):"), tr("block table:")
+    pool = tr("the pool (slot ids; this sequence's blocks shaded):")
     return (
         f'{_STYLE}<div class="kv-address-explorer" data-position="{position}" '
         f'data-logical-block="{logical}" data-offset="{offset}" '
         f'data-physical-block="{physical}" data-slot="{slot}">'
-        f"<b>position {position}</b> &rarr; logical block {position} // {block_size} = {logical}, "
-        f"offset {position} % {block_size} = {offset} &rarr; block table[{logical}] = "
-        f"physical block {physical} &rarr; slot {physical} &times; {block_size} + {offset} = "
-        f"<b>{slot}</b>"
-        f"<p>the sequence (logical positions):</p><table><tr>{positions}</tr></table>"
-        f"<p>block table:</p><table>{table}</table>"
-        f"<p>the pool (slot ids; this sequence's blocks shaded):</p><table>{''.join(rows)}</table>"
-        "</div>")
+        f"<b>{tr(f'position {position}')}</b> &rarr; {route} <b>{slot}</b>"
+        f"<p>{sequence}</p><table><tr>{positions}</tr></table>"
+        f"<p>{table_title}</p><table>{table}</table>"
+        f"<p>{pool}</p><table>{''.join(rows)}</table></div>")
 
 
 def address_explorer(block_table: list[int], block_size: int, num_pool_blocks: int,
@@ -77,9 +78,9 @@ def address_explorer(block_table: list[int], block_size: int, num_pool_blocks: i
             view.value = explorer_html(slider.value, block_table, block_size, num_pool_blocks,
                                        locate, slot_id)
         except Exception as exc:  # the learner's function failed: say so, keep the slider alive
-            view.value = (f'<div class="kv-address-explorer" data-error="1">position '
-                          f"{slider.value}: {escape(type(exc).__name__)}: {escape(str(exc))}"
-                          "</div>")
+            view.value = ('<div class="kv-address-explorer" data-error="1">'
+                          + tr(f"position {slider.value}: {escape(type(exc).__name__)}: "
+                               f"{escape(str(exc))}") + "</div>")
 
     slider.observe(show, names="value")
     show()

@@ -61,24 +61,27 @@ def frame_html(frames: list[Frame], step: int) -> str:
             fill = f"background: linear-gradient(90deg, {stops})"
         else:
             fill = ""
-        label = f"<b>{block}</b><br>" + (f"refs {refs}" if refs else "free")
+        label = f"<b>{block}</b><br>" + (tr(f"refs {refs}") if refs else tr("free"))
         cells.append(f'<div class="{" ".join(classes)}" style="{fill}" data-block="{block}" '
                      f'data-refs="{refs}">{label}</div>')
     tables = "".join(
-        f'<div><span style="background: {_colour(seq)}">&nbsp;seq {seq}&nbsp;</span> '
-        f"{frame.lengths[seq]} tokens, table {table}</div>"
-        for seq, table in frame.tables.items()) or "<div>no sequences</div>"
-    earlier = "\n".join(escape(f.event) for f in frames[max(0, step - 5):step])
+        f'<div><span style="background: {_colour(seq)}">&nbsp;{tr(f"seq {seq}")}&nbsp;</span> '
+        + tr(f"{frame.lengths[seq]} tokens, table {table}") + "</div>"
+        for seq, table in frame.tables.items()) or f"<div>{tr('no sequences')}</div>"
+    # events are kept in English (a notebook counts them) and shown in the chosen language
+    earlier = "\n".join(escape(tr(f.event)) for f in frames[max(0, step - 5):step])
     event_class = "event failed" if frame.failed else "event"
+    event = escape(tr(frame.event))
+    at = tr(f"step {step} / {len(frames) - 1}: <b>{event}</b>")
+    used = tr(f"used blocks: {frame.used_blocks} of {len(frame.ref_counts)}; red outline: "
+              "copy-on-write source (dashed) and destination")
     return (
         f'{_STYLE}<div class="kv-block-animation" data-step="{step}" data-steps="{len(frames)}" '
         f'data-used-blocks="{frame.used_blocks}" data-cow="{int(frame.copy is not None)}">'
-        f'<div class="{event_class}">step {step} / {len(frames) - 1}: '
-        f"<b>{escape(frame.event)}</b></div>"
-        f"<div>used blocks: {frame.used_blocks} of {len(frame.ref_counts)}; "
-        f"red outline: copy-on-write source (dashed) and destination</div>"
-        f'<div class="pool">{"".join(cells)}</div><p>block tables:</p>{tables}'
-        f'<p>earlier:</p><div class="log">{earlier}</div></div>')
+        f'<div class="{event_class}">{at}</div>'
+        f'<div>{used}</div><div class="pool">{"".join(cells)}</div>'
+        f'<p>{tr("block tables:")}</p>{tables}'
+        f'<p>{tr("earlier:")}</p><div class="log">{earlier}</div></div>')
 
 
 def allocation_animation(frames: list[Frame], interval_ms: int = 900) -> widgets.VBox:

@@ -2,8 +2,7 @@
 copied before a write into a shared block.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 3's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 The rest of the class is the skeleton the notebook gives.
 
     pool (num_blocks = 8, block_size = 4)          block tables       ref counts
@@ -22,6 +21,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+
+from course.language import tr
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -94,13 +95,14 @@ class BlockManager:
         for table in self.tables.values():
             for block in table:
                 holders[block] += 1
-        assert holders == self.ref_counts, "a reference count differs from the tables holding it"
+        assert holders == self.ref_counts, tr("a reference count differs from the tables "
+                                              "holding it")
         in_use = {b for b, count in enumerate(self.ref_counts) if count > 0}
-        assert len(set(self.free_blocks)) == len(self.free_blocks), "a block is free twice"
-        assert in_use.isdisjoint(self.free_blocks), "a block in use is also free"
-        assert len(in_use) + len(self.free_blocks) == self.num_blocks, "a block was lost"
+        assert len(set(self.free_blocks)) == len(self.free_blocks), tr("a block is free twice")
+        assert in_use.isdisjoint(self.free_blocks), tr("a block in use is also free")
+        assert len(in_use) + len(self.free_blocks) == self.num_blocks, tr("a block was lost")
         for seq_id, table in self.tables.items():
-            assert len(table) == -(-self.lengths[seq_id] // self.block_size), (
+            assert len(table) == -(-self.lengths[seq_id] // self.block_size), tr(
                 f"sequence {seq_id} holds {len(table)} blocks for {self.lengths[seq_id]} tokens")
 
     def allocate(self, seq_id: int, num_tokens: int) -> list[int]:

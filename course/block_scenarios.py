@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from course.block_manager import NoFreeBlocksError
+from course.language import tr_later
 
 Operation = tuple
 
@@ -47,7 +48,7 @@ def record(manager: object, num_blocks: int, script: list[Operation]) -> list[Fr
                      [manager.ref_count(b) for b in range(num_blocks)],
                      manager.num_free_blocks(), copy, failed)
 
-    frames = [frame(f"an empty pool of {num_blocks} blocks")]
+    frames = [frame(tr_later(f"an empty pool of {num_blocks} blocks"))]
     for op in script:
         kind, args = op[0], op[1:]
         text = f"{'append_slot' if kind == 'append' else kind}({', '.join(map(str, args))})"
@@ -56,28 +57,29 @@ def record(manager: object, num_blocks: int, script: list[Operation]) -> list[Fr
             if kind == "allocate":
                 result = manager.allocate(*args)
                 live[args[0]] = None
-                text += f" -> blocks {list(result)}"
+                text += tr_later(f" -> blocks {list(result)}")
             elif kind == "append":
                 slot = manager.append_slot(*args)
-                text += f" -> block {slot.block}, offset {slot.offset}"
+                text += tr_later(f" -> block {slot.block}, offset {slot.offset}")
                 if slot.copy is not None:
                     copy = (slot.copy.src, slot.copy.dst, slot.copy.num_slots)
-                    text += (f"; copy-on-write: {copy[2]} slot(s) of block {copy[0]} "
-                             f"into block {copy[1]}")
+                    text += tr_later(f"; copy-on-write: {copy[2]} slot(s) of block {copy[0]} "
+                                     f"into block {copy[1]}")
             elif kind == "fork":
                 manager.fork(*args)
                 live[args[1]] = None
-                text += f": sequence {args[1]} shares sequence {args[0]}'s blocks"
+                text += tr_later(f": sequence {args[1]} shares sequence {args[0]}'s blocks")
             elif kind == "free":
                 manager.free(*args)
                 live.pop(args[0], None)
         except NotImplementedError:
             raise
         except NoFreeBlocksError as exc:
-            frames.append(frame(f"{text} raised NoFreeBlocksError: {exc}", failed=True))
+            frames.append(frame(tr_later(f"{text} raised NoFreeBlocksError: {exc}"), failed=True))
             continue
         except Exception as exc:  # the learner's bug: show it, keep going
-            frames.append(frame(f"{text} raised {type(exc).__name__}: {exc}", failed=True))
+            frames.append(frame(tr_later(f"{text} raised {type(exc).__name__}: {exc}"),
+                                failed=True))
             continue
         frames.append(frame(text, copy))
     return frames

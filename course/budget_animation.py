@@ -14,6 +14,7 @@ from html import escape
 
 import ipywidgets as widgets
 
+from course.language import tr
 from course.player import frame_player
 
 _KIND_COLOURS = {"decode": "#8ecae6", "prefill": "#ffb703", "recompute": "#f28482"}
@@ -36,22 +37,22 @@ def frame_html(records: list, step: int, slot_px: int = 36) -> str:
         boxes.append(
             f'<div class="slot chunk" style="width: {count * slot_px}px; background: '
             f'{_KIND_COLOURS[kind]}" data-request="{request}" data-start="{start}" '
-            f'data-tokens="{count}" data-kind="{kind}">req {request}<br>{kind} '
+            f'data-tokens="{count}" data-kind="{kind}">{tr(f"req {request}")}<br>{tr(kind)} '
             f"{start}..{start + count - 1}</div>")
     unused = max(0, record.budget - tokens)
     if unused:
         boxes.append(f'<div class="slot unused" style="width: {unused * slot_px}px">'
-                     f"{unused} unused</div>")
-    preempted = ", ".join(map(str, record.preempted)) or "none"
+                     + tr(f"{unused} unused") + "</div>")
+    preempted = ", ".join(map(str, record.preempted)) or tr("none")
+    at = tr(f"step {step} / {len(records) - 1}: {tokens} of {record.budget} tokens; "
+            f"preempted: {escape(preempted)}")
     return (
         f'{_STYLE}<div class="kv-budget-animation" data-step="{step}" '
         f'data-steps="{len(records)}" data-tokens="{tokens}" data-budget="{record.budget}" '
         f'data-preempted="{len(record.preempted)}">'
-        f'<div class="event">step {step} / {len(records) - 1}: {tokens} of {record.budget} '
-        f"tokens; preempted: {escape(preempted)}</div>"
-        f'<div class="budget">{"".join(boxes)}</div>'
-        "<div>blue: a decode (1 token); amber: a chunk of a prompt; red: a chunk recomputed "
-        "after a preemption</div></div>")
+        f'<div class="event">{at}</div><div class="budget">{"".join(boxes)}</div><div>'
+        + tr("blue: a decode (1 token); amber: a chunk of a prompt; red: a chunk recomputed "
+             "after a preemption") + "</div></div>")
 
 
 def budget_animation(records: list, interval_ms: int = 700) -> widgets.VBox:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import plotly.graph_objects as go
 
-from course.language import tr
+from course.language import tr, tr_later
 from course.models import GPU, ModelConfig
 
 GB = 10**9
@@ -28,7 +28,7 @@ def kv_memory_chart(
         figure.add_trace(go.Scatter(
             x=list(context_lengths), y=sizes, mode="lines+markers",
             name=f"{model.name} ({model.attention})",
-            hovertemplate="%{x} tokens: %{y:.2f} GB<extra>" + model.name + "</extra>",
+            hovertemplate=tr("%{x} tokens: %{y:.2f} GB") + "<extra>" + model.name + "</extra>",
         ))
     span = [min(context_lengths), max(context_lengths)]
     for gpu in gpus:
@@ -48,11 +48,11 @@ def kv_memory_chart(
 
 
 _CATEGORY_STYLE = {  # category: (label, colour)
-    "token_states": ("token states", "#2a9d8f"),
-    "reserved": ("reserved for future tokens", "#e9c46a"),
-    "internal": ("internal fragmentation", "#f4a261"),
-    "external": ("external fragmentation", "#e76f51"),
-    "free": ("free (usable)", "#d9d9d9"),
+    "token_states": (tr_later("token states"), "#2a9d8f"),
+    "reserved": (tr_later("reserved for future tokens"), "#e9c46a"),
+    "internal": (tr_later("internal fragmentation"), "#f4a261"),
+    "external": (tr_later("external fragmentation"), "#e76f51"),
+    "free": (tr_later("free (usable)"), "#d9d9d9"),
 }
 
 
@@ -67,13 +67,14 @@ def memory_breakdown_chart(shares: dict[str, dict[str, float]],
         figure.add_trace(go.Bar(
             x=strategies, y=values, name=label, marker_color=colour,
             text=[f"{v:.1f}%" if v >= 4 else "" for v in values], textposition="inside",
-            insidetextanchor="middle", hovertemplate="%{x}: %{y:.1f}%<extra>" + label + "</extra>"))
+            insidetextanchor="middle",
+            hovertemplate="%{x}: %{y:.1f}%<extra>" + tr(label) + "</extra>"))
     known = [s for s in strategies if s in paper]
     figure.add_trace(go.Scatter(
         x=known, y=[100 * paper[s] for s in known], mode="markers+text",
         name="paper's token-state share (Kwon et al., Fig. 2)",
         marker=dict(symbol="diamond", size=12, color="black"),
-        text=[f"paper {100 * paper[s]:.1f}%" for s in known], textposition="middle right",
+        text=[tr(f"paper {100 * paper[s]:.1f}%") for s in known], textposition="middle right",
         cliponaxis=False))
     figure.update_layout(barmode="stack", title=title, yaxis_title="share of the KV pool (%)",
                          yaxis_range=[0, 100], template="plotly_white", height=480,
@@ -176,7 +177,7 @@ def decode_bandwidth_chart(rows: list[dict], ceilings: dict[str, float], title: 
         figure.add_trace(go.Scatter(
             x=[r["bytes"] / GB for r in chosen], y=[r["bandwidth"] / GB for r in chosen],
             mode="markers", name=f"block {block_size}, {mix}",
-            text=[f"batch {r['batch']}, context {r['context']}" for r in chosen],
+            text=[tr(f"batch {r['batch']}, context {r['context']}") for r in chosen],
             hovertemplate="%{text}: %{y:.0f} GB/s<extra></extra>",
         ))
     span = [min(r["bytes"] for r in rows) / GB, max(r["bytes"] for r in rows) / GB]

@@ -19,7 +19,7 @@ from course import chunked_engine, chunked_scheduler
 from course.charts import localized
 from course.chunked_engine import ChunkedEngine, serve_chunked
 from course.chunked_scheduler import ChunkedRequest, ChunkedScheduler
-from course.language import tr
+from course.language import aligned, tr, tr_later
 from course.notebook import learner_or_course_probed as _chosen
 from course.notebook import needs
 from course.prefix_sim import WORKLOADS
@@ -121,7 +121,7 @@ def prefill_saved(schedule: Callable, block_size: int = 16, num_blocks: int = 40
     scheduler with ``schedule`` (no model: each request emits its own next output token when
     its tokens are all computed): prompt tokens, and those a prefix hit let it skip at its
     first admission. A request that follows another (a conversation's next turn) arrives once
-    that one has finished."""
+    that one has finished. Each row names its workload in the chosen language."""
     rows = []
     for name, make in WORKLOADS.items():
         scheduler = ChunkedScheduler(num_blocks, block_size, budget)
@@ -152,7 +152,7 @@ def prefill_saved(schedule: Callable, block_size: int = 16, num_blocks: int = 40
                 if request.done:
                     scheduler.finish(request)
                     done.add(request.id)
-        rows.append({"workload": name, "requests": len(requests),
+        rows.append({"workload": tr(name), "requests": len(requests),
                      "prompt_tokens": computed_prompt, "hit_tokens": hits,
                      "saved": hits / computed_prompt if computed_prompt else 0.0})
     return rows
@@ -249,8 +249,8 @@ def budget_chart(records: list, title: str = "") -> Any:
     import plotly.graph_objects as go
 
     figure = go.Figure()
-    for kind, colour in (("decode", "#1f77b4"), ("prefill", "#ff7f0e"),
-                         ("recompute", "#d62728")):
+    for kind, colour in ((tr_later("decode"), "#1f77b4"), (tr_later("prefill"), "#ff7f0e"),
+                         (tr_later("recompute"), "#d62728")):
         figure.add_bar(x=[r.step for r in records],
                        y=[sum(n for _, _, n, k in r.chunks if k == kind) for r in records],
                        name=kind, marker_color=colour)
@@ -264,12 +264,13 @@ def budget_chart(records: list, title: str = "") -> Any:
 
 def main() -> None:
     for row in prefill_saved(chunked_scheduler.schedule_step):
-        print(f"{row['workload']:32} {row['requests']:4} requests, {row['prompt_tokens']:7} "
-              f"prompt tokens, {row['hit_tokens']:7} skipped ({100 * row['saved']:.1f} %)")
+        print(aligned(row["workload"], -32) + tr(
+            f" {row['requests']:4} requests, {row['prompt_tokens']:7} prompt tokens, "
+            f"{row['hit_tokens']:7} skipped ({100 * row['saved']:.1f} %)"))
     for r in latency_against_budget(chunked_scheduler.schedule_step):
-        print(f"budget {r.budget:5}: TTFT P50 {1000 * r.ttft_p50:7.1f} ms  P99 "
-              f"{1000 * r.ttft_p99:7.1f} ms   between tokens P50 {1000 * r.tbt_p50:6.1f} ms  "
-              f"P99 {1000 * r.tbt_p99:6.1f} ms   {r.steps} steps")
+        print(tr(f"budget {r.budget:5}: TTFT P50 {1000 * r.ttft_p50:7.1f} ms  P99 "
+                 f"{1000 * r.ttft_p99:7.1f} ms   between tokens P50 {1000 * r.tbt_p50:6.1f} ms  "
+                 f"P99 {1000 * r.tbt_p99:6.1f} ms   {r.steps} steps"))
 
 
 if __name__ == "__main__":

@@ -19,8 +19,7 @@ sharing its blocks; branch k takes the k-th most likely first token, then each g
 greedily.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 8's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ import torch
 
 from course.block_manager import BlockManager, CopyOnWrite, Slot
 from course.block_scenarios import Frame
+from course.language import tr_later
 from course.scheduler import Request, Scheduler, StepPlan
 from course.tiny_model import TinyModel, causal_attention
 from kernels.paged_attention_ref import paged_decode_attention, write_kv
@@ -290,11 +290,11 @@ class PagedEngine:
     def record(self, step: int, plan: StepPlan) -> None:
         """Note the step for the charts and the animation; clear its copy-on-write orders."""
         s, blocks = self.scheduler, self.blocks
-        parts = [f"{len(plan.prefill)} prefill", f"{len(plan.decode)} decode"]
-        parts += [f"preempted {r.id}" for r in plan.preempted]
-        parts += [f"swapped in {r.id}" for r, _ in plan.swapped_in]
-        parts += [f"copy-on-write {c.src}->{c.dst}" for c in blocks.copies]
-        event = f"step {step}: " + ", ".join(parts)
+        # in English (a notebook counts the events), shown in the chosen language
+        event = tr_later(f"step {step}: {len(plan.prefill)} prefill, {len(plan.decode)} decode")
+        event += "".join(tr_later(f", preempted {r.id}") for r in plan.preempted)
+        event += "".join(tr_later(f", swapped in {r.id}") for r, _ in plan.swapped_in)
+        event += "".join(tr_later(f", copy-on-write {c.src}->{c.dst}") for c in blocks.copies)
         self.records.append(StepRecord(step, len(s.running), len(s.waiting), len(s.swapped),
                                        blocks.num_blocks - blocks.num_free_blocks(),
                                        sum(blocks.lengths.values()), event))

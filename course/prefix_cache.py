@@ -1,8 +1,7 @@
 """Chapter 4's reference: chained block hashes and a prefix-caching BlockManager.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 4's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 
 A full block's key chains its parent's key, so it names the whole prefix up to its end::
 
@@ -25,6 +24,7 @@ import json
 from collections import OrderedDict
 
 from course.block_manager import NoFreeBlocksError
+from course.language import tr
 
 ROOT_KEY = hashlib.sha256(b"paged-kv-course prefix cache root").hexdigest()
 
@@ -129,11 +129,11 @@ class PrefixCachingBlockManager:
         for table in self.tables.values():
             for block in table:
                 holders[block] += 1
-        assert holders == self.ref_counts, "a reference count differs from the tables"
+        assert holders == self.ref_counts, tr("a reference count differs from the tables")
         assert all((count == 0) == (b in self.free_queue) for b, count in
-                   enumerate(self.ref_counts)), "a block is free and used, or neither"
-        assert all(self.keys[b] == k for k, b in self.cache.items()), "cache maps disagree"
-        assert len(self.cache) == len(self.keys), "cache maps disagree"
+                   enumerate(self.ref_counts)), tr("a block is free and used, or neither")
+        assert all(self.keys[b] == k for k, b in self.cache.items()), tr("cache maps disagree")
+        assert len(self.cache) == len(self.keys), tr("cache maps disagree")
 
     def _take_block(self) -> int:
         """The least recently used free block, evicted (its key forgotten) if it was cached."""

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 
 from course.block_manager import NoFreeBlocksError
-from course.language import aligned, tr
+from course.language import aligned, tr, tr_later
 from course.prefix_cache import PrefixCachingBlockManager
 
 
@@ -180,9 +180,9 @@ def probe(manager_class: type) -> list[tuple]:
 
 
 WORKLOADS = {
-    "chat, 500-token system prompt": lambda: chat(60),
-    "few-shot, 4 tasks": lambda: few_shot(100),
-    "multi-turn, 4 turns": lambda: multi_turn(15),
+    tr_later("chat, 500-token system prompt"): lambda: chat(60),
+    tr_later("few-shot, 4 tasks"): lambda: few_shot(100),
+    tr_later("multi-turn, 4 turns"): lambda: multi_turn(15),
 }
 
 
@@ -199,8 +199,8 @@ def main(block_sizes: tuple[int, ...] = (1, 16, 64, 256), pool_tokens: int = 327
             report = serve(requests, block_size, pool_tokens // block_size,
                            manager_class=manager_class)
             reports[name][block_size] = report
-            print(f"{name:<32}{block_size:>11}{report.hit_rate:>26.1%}"
-                  f"{report.memory_saved:>14.1%}")
+            print(aligned(tr(name), -32) + f"{block_size:>11}{report.hit_rate:>26.1%}"
+                                            f"{report.memory_saved:>14.1%}")
     return reports
 
 

@@ -13,6 +13,7 @@ from html import escape
 
 import ipywidgets as widgets
 
+from course.language import tr, tr_later
 from course.player import frame_player
 from course.prefix_sim import PrefixRequest
 
@@ -45,7 +46,7 @@ def record_tree(manager: object, requests: list[PrefixRequest], script: list[tup
                          {b: manager.ref_count(b) for b in parents},
                          list(manager.evictable_blocks()))
 
-    frames.append(snapshot("an empty cache"))
+    frames.append(snapshot(tr_later("an empty cache")))
     for kind, index in script:
         request = requests[index]
         if kind == "arrive":
@@ -53,14 +54,14 @@ def record_tree(manager: object, requests: list[PrefixRequest], script: list[tup
             live.add(index)
             for token in request.output:
                 manager.append_slot(index, token)
-            frames.append(snapshot(f"request {index} arrives: {len(request.prompt)} prompt "
-                                   f"tokens, {hits} of them cache hits; generates "
-                                   f"{len(request.output)}"))
+            frames.append(snapshot(tr_later(f"request {index} arrives: {len(request.prompt)} "
+                                            f"prompt tokens, {hits} of them cache hits; "
+                                            f"generates {len(request.output)}")))
         else:
             manager.free(index)
             live.discard(index)
-            frames.append(snapshot(f"request {index} leaves: its cached blocks become "
-                                   "evictable, tail first"))
+            frames.append(snapshot(tr_later(f"request {index} leaves: its cached blocks become "
+                                            "evictable, tail first")))
     return frames
 
 
@@ -73,8 +74,8 @@ def tree_html(frames: list[TreeFrame], step: int) -> str:
 
     def node(block: int) -> str:
         refs = frame.refs[block]
-        label = (f"block {block} · refs {refs}" if refs else
-                 f"block {block} · evictable #{rank.get(block, '?')}")
+        label = tr(f"block {block} · refs {refs}") if refs else \
+            tr(f"block {block} · evictable #{rank.get(block, '?')}")
         style = "background:#dbe9f6" if refs > 1 else "background:#e9f5e1" if refs else \
             "background:#f1f1f1;color:#888"
         kids = "".join(node(c) for c in sorted(children.get(block, [])))
@@ -83,12 +84,15 @@ def tree_html(frames: list[TreeFrame], step: int) -> str:
                 + (f"<ul>{kids}</ul>" if kids else "") + "</li>")
 
     roots = "".join(node(b) for b in sorted(children.get(None, [])))
+    event = escape(tr(frame.event))  # kept in English, shown in the chosen language
+    at = tr(f"<b>step {step} / {len(frames) - 1}</b>: {event}")
+    cached = tr(f"{len(frame.parents)} cached blocks, {len(frame.evictable)} evictable (LRU "
+                f"order {frame.evictable}); blue: shared by several requests, green: held by "
+                "one, grey: evictable")
     return (f'<div class="kv-prefix-tree" data-step="{step}" data-cached="{len(frame.parents)}" '
             f'data-evictable="{len(frame.evictable)}" style="font-family:monospace;font-size:13px">'
-            f"<div><b>step {step} / {len(frames) - 1}</b>: {escape(frame.event)}</div>"
-            f"<div>{len(frame.parents)} cached blocks, {len(frame.evictable)} evictable "
-            f"(LRU order {frame.evictable}); blue: shared by several requests, green: held by "
-            f"one, grey: evictable</div><ul>{roots or '<li>(empty)</li>'}</ul></div>")
+            f"<div>{at}</div><div>{cached}</div>"
+            f"<ul>{roots or '<li>' + tr('(empty)') + '</li>'}</ul></div>")
 
 
 def prefix_tree_player(frames: list[TreeFrame]) -> widgets.VBox:

@@ -73,7 +73,7 @@ def setup(quiet: bool = False, language: str | None = None) -> Runtime:
             print(tr(f"Note: {', '.join(early)} was imported before course.setup(); restart "
                      "the kernel and run this cell first so its kernels use the interpreter."))
     if not quiet:
-        print(runtime.description + ".")
+        print(runtime.description + tr("."))  # a full stop in the chosen language
     return runtime
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from course.language import aligned, tr, tr_later
 from course.scheduler import Request, Scheduler, SwapSpaceFullError, static_batching
 from course.serving_sim import POOL_SLOTS, Report, opt13b_a100_40gb, poisson_arrivals, simulate
 from course.workloads import SHAREGPT
@@ -39,22 +40,24 @@ def run(rate: float, kind: str = "paged", block_size: int = 16, count: int = 600
 
 
 def batching(rate: float = 2.0, scheduler: type[Scheduler] = Scheduler) -> dict[str, Report]:
-    return {"static batching (contiguous)": run(rate, "static", scheduler=scheduler),
-            "continuous batching, contiguous": run(rate, "contiguous", scheduler=scheduler),
-            "continuous batching, paged (B=16)": run(rate, "paged", scheduler=scheduler)}
+    return {tr_later("static batching (contiguous)"): run(rate, "static", scheduler=scheduler),
+            tr_later("continuous batching, contiguous"): run(rate, "contiguous",
+                                                             scheduler=scheduler),
+            tr_later("continuous batching, paged (B=16)"): run(rate, "paged",
+                                                               scheduler=scheduler)}
 
 
 def rates(values: tuple[float, ...] = (0.5, 1, 1.5, 2, 3, 4, 6),
           scheduler: type[Scheduler] = Scheduler) -> dict[str, list[Report]]:
     return {kind: [run(r, kind, scheduler=scheduler) for r in values]
-            for kind in ("contiguous", "paged")}
+            for kind in (tr_later("contiguous"), tr_later("paged"))}
 
 
 def preemption(block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256), rate: float = 4.0,
                scheduler: type[Scheduler] = Scheduler) -> dict[str, list[Report]]:
     return {mode: [run(rate, "paged", b, preemption=mode, scheduler=scheduler)
                    for b in block_sizes]
-            for mode in ("recompute", "swap")}
+            for mode in (tr_later("recompute"), tr_later("swap"))}
 
 
 def blocks(block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256), rate: float = 3.0,
@@ -67,9 +70,9 @@ def bench(scheduler: type[Scheduler] = Scheduler) -> str:
     start = time.perf_counter()
     report = run(8.0, "paged", count=10_000, scheduler=scheduler)
     elapsed = time.perf_counter() - start
-    return (f"simulated {report.completed:,} requests ({report.output_tokens:,} output tokens)"
-            f" in {elapsed:.1f} s of wall time: {report.completed / elapsed:,.0f} simulated "
-            "requests per second")
+    return tr(f"simulated {report.completed:,} requests ({report.output_tokens:,} output "
+              f"tokens) in {elapsed:.1f} s of wall time: {report.completed / elapsed:,.0f} "
+              "simulated requests per second")
 
 
 # Small scenarios that, together, take every path of a step and meet every rule of the
@@ -139,19 +142,21 @@ def probe(scheduler: type[Scheduler]) -> list[list[tuple]]:
 
 
 def row(name: str, report: Report) -> str:
+    """``report``'s line under ``header()``, named ``name`` (in the chosen language)."""
     mean_tpot = sum(report.tpot) / len(report.tpot)
-    return (f"{name:<36}{report.requests_per_s:>8.2f}{report.tokens_per_s:>9.0f}"
-            f"{report.percentile(report.ttft, 50):>9.2f}{1000 * mean_tpot:>9.1f}"
-            f"{report.percentile(report.latency, 50):>8.1f}"
-            f"{report.percentile(report.latency, 99):>8.1f}"
-            f"{report.preemptions:>7}{report.swaps:>6}")
+    return aligned(tr(name), -36) + (
+        f"{report.requests_per_s:>8.2f}{report.tokens_per_s:>9.0f}"
+        f"{report.percentile(report.ttft, 50):>9.2f}{1000 * mean_tpot:>9.1f}"
+        f"{report.percentile(report.latency, 50):>8.1f}"
+        f"{report.percentile(report.latency, 99):>8.1f}"
+        f"{report.preemptions:>7}{report.swaps:>6}")
 
 
-HEADER = (f"{'':<36}{'req/s':>8}{'tok/s':>9}{'TTFT50 s':>9}{'TPOT ms':>9}{'lat50 s':>8}"
-          f"{'lat99 s':>8}{'preem':>7}{'swaps':>6}")
-"""The columns of ``row``: requests and output tokens served per second, the median time to
-first token (s), the mean time per output token after the first (ms), the median and 99th
-percentile latency from arrival to last token (s), preemptions, swaps (out and in)."""
+def header() -> str:
+    """The columns of ``row``: requests and output tokens served per second, the median time
+    to first token (s), the mean time per output token after the first (ms), the median and
+    99th percentile latency from arrival to last token (s), preemptions, swaps (out and in)."""
+    return " " * 39 + tr("req/s    tok/s TTFT50 s  TPOT ms lat50 s lat99 s  preem swaps")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,28 +165,28 @@ def main(argv: list[str] | None = None) -> None:
                                          "blocks", "bench"])
     name = parser.parse_args(argv).name
     if name == "batching":
-        print(HEADER)
+        print(header())
         for label, report in batching().items():
             print(row(label, report))
     elif name == "rates":
-        print(HEADER)
+        print(header())
         for kind, reports in rates().items():
             for rate, report in zip((0.5, 1, 1.5, 2, 3, 4, 6), reports, strict=True):
-                print(row(f"{kind}, {rate} req/s", report))
+                print(row(tr_later(f"{kind}, {rate} req/s"), report))
     elif name == "preemption":
-        print(HEADER)
+        print(header())
         for mode, reports in preemption().items():
             for size, report in zip((8, 16, 32, 64, 128, 256), reports, strict=True):
-                print(row(f"{mode}, block size {size}", report))
+                print(row(tr_later(f"{mode}, block size {size}"), report))
     elif name == "blocks":
-        print(HEADER)
+        print(header())
         for size, report in zip((8, 16, 32, 64, 128, 256), blocks(), strict=True):
-            print(row(f"paged, block size {size}", report))
+            print(row(tr_later(f"paged, block size {size}"), report))
     elif name == "timeline":
         report = run(4.0, "paged")
         steps = report.timeline
-        print(f"{len(steps.time)} steps, peak queue {max(steps.waiting)}, peak batch "
-              f"{max(steps.running)}, preemptions {sum(steps.preemptions)}")
+        print(tr(f"{len(steps.time)} steps, peak queue {max(steps.waiting)}, peak batch "
+                 f"{max(steps.running)}, preemptions {sum(steps.preemptions)}"))
     else:
         print(bench())
 

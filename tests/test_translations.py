@@ -82,6 +82,37 @@ def test_translations_use_the_glossary(path, texts):
         "\n".join(missing[:20])
 
 
+# A Chinese character, or a Chinese mark (the emphasis it closes aside), then an ASCII mark
+# that Chinese writes full width: "并跳过计时." for "并跳过计时。". Code in backticks and holes
+# are left out (``_prose``); a number's point follows a digit, never a Chinese character.
+ASCII_MARK = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]\**[.,;:?!]")
+
+
+@pytest.mark.parametrize(("path", "texts"), CATALOGUES,
+                         ids=[str(p.relative_to(REPO)) for p, _ in CATALOGUES])
+def test_chinese_text_takes_chinese_punctuation(path, texts):
+    found = [f"{entry.msgid[:60]!r}: {prose[max(mark.start() - 20, 0):mark.end() + 10]!r}"
+             for entry in polib.pofile(str(path)).translated_entries()
+             for prose in [_prose(entry.msgstr)] for mark in ASCII_MARK.finditer(prose)]
+    assert not found, (f"{len(found)} translations in {path.relative_to(REPO)} put an ASCII "
+                       "mark after Chinese text (write it full width: 。，；：？！):\n"
+                       + "\n".join(found[:20]))
+
+
+def test_one_english_text_has_one_translation():
+    """The same English reads the same in every catalogue (spaces that align a table aside)."""
+    chinese: dict[str, dict[str, str]] = {}  # English -> {translation: where it is first}
+    for path, _ in CATALOGUES:
+        for entry in polib.pofile(str(path)).translated_entries():
+            chinese.setdefault(entry.msgid, {}).setdefault(entry.msgstr.strip(),
+                                                           str(path.relative_to(REPO)))
+    differing = [f"{english[:80]!r}: " + "; ".join(f"{where}: {said[:80]!r}"
+                                                     for said, where in found.items())
+                 for english, found in chinese.items() if len(found) > 1]
+    assert not differing, (f"{len(differing)} English texts are translated two ways; choose "
+                           "one:\n" + "\n".join(differing[:20]))
+
+
 def _code(source: str) -> str:
     """A code cell's code, with every string and comment left out (what translation may
     change)."""
