@@ -1,8 +1,11 @@
 """A class's nbgrader course directory: setting one up.
 
     python -m autograder course-dir DIR [--chapters 1-3,5] [--course-id ID] [--exchange PATH]
+                                        [--repository URL]
 
-writes ``DIR/source/NN_slug/NN_slug.ipynb`` for each chapter (from the package's solutions)
+writes ``DIR/source/NN_slug/NN_slug.ipynb`` for each chapter (from the package's solutions,
+their setup cells installing from the class's repository, or with none only from a course
+wheel released beside them: never from the open course's repository, which holds every answer)
 and ``DIR/nbgrader_config.py`` (``autograder.configuration``: the settings the grader grades
 with, so nbgrader's own ``autograde`` on this course runs a notebook as ``grade-all`` does, its
 kernel sandboxed, and its ``generate_feedback`` shows no hidden test's source and no
@@ -11,12 +14,14 @@ traceback).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
+
+import nbformat
 
 from autograder import configuration
 from autograder.chapters import Chapter
 from autograder.configuration import COURSE_ID
+from autograder.repository import set_setup_cell
 
 
 def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:
@@ -40,10 +45,12 @@ def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:
 
 
 def write_course_dir(root: Path, selected: list[Chapter], course_id: str = COURSE_ID,
-                     exchange: Path | None = None, sandbox: bool = True) -> list[Path]:
+                     exchange: Path | None = None, sandbox: bool = True,
+                     repository: str = "") -> list[Path]:
     """Set up (or add chapters to) an nbgrader course directory; return what was written.
-    A chapter already in ``source/`` is left as the class has it, and so is its
-    ``nbgrader_config.py``."""
+    Each new chapter's setup cell installs from ``repository`` (the class's; ``""``: only
+    from a course wheel beside the notebook). A chapter already in ``source/`` is left as the
+    class has it, and so is its ``nbgrader_config.py``."""
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     written = []
@@ -54,6 +61,8 @@ def write_course_dir(root: Path, selected: list[Chapter], course_id: str = COURS
         destination = root / "source" / chapter.name / f"{chapter.name}.ipynb"
         if not destination.exists():
             destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(chapter.source, destination)
+            notebook = nbformat.read(chapter.source, as_version=4)
+            set_setup_cell(notebook, repository)
+            nbformat.write(notebook, destination)
             written.append(destination)
     return written

@@ -101,6 +101,10 @@ def _parser() -> argparse.ArgumentParser:
     setup.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                        help="run nbgrader's kernels in a bubblewrap sandbox (default: auto, on "
                        "Linux)")
+    setup.add_argument("--repository", metavar="URL",
+                       help="the class's repository, which the released notebooks install the "
+                       "course from (default: none: they install only a course wheel released "
+                       "beside them; never the open course's, which holds every answer)")
 
     edition = commands.add_parser("edition", help="build the learner edition: the library "
                                   "with the answers of chapters not revealed left out, the "
@@ -109,7 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     edition.add_argument("--reveal", default="", metavar="CHAPTERS",
                          help="chapters whose answers stay in, for example 1-3 (default: none)")
     edition.add_argument("--repository", metavar="URL",
-                         help="where the class publishes the edition (default: pyproject's)")
+                         help="the class's repository, which the notebooks install the "
+                         "edition from (default: none: they install only the wheel beside "
+                         "them; never the open course's, which holds every answer)")
 
     commands.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
     measuring = commands.add_parser("bench", help="grading throughput, where a notebook's time "
@@ -322,7 +328,7 @@ def _runner(args: argparse.Namespace):
 def _edition(args: argparse.Namespace) -> int:
     import course
     from autograder.classdir import parse_chapters
-    from autograder.edition import build
+    from autograder.edition import build, chapter_list
 
     course.setup(quiet=True)  # the recordings run kernels: Triton's mode first
     try:
@@ -333,12 +339,22 @@ def _edition(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for name, missing in edition.refused.items():
-        print(f"left out: {name} (its notebook runs the answers of chapters "
-              f"{', '.join(map(str, missing))}, not revealed)")
-    print(f"wrote {edition.root} (chapters {', '.join(c.number for c in edition.included)}; "
-          f"answers of {', '.join(map(str, edition.revealed)) or 'none'} revealed) and "
+        print(f"left out: {name} (its notebook runs the answers of {chapter_list(missing)}, "
+              "not revealed)")
+    held = [int(c.number) for c in edition.included]
+    print(f"wrote {edition.root} ({chapter_list(held) if held else 'no chapter'}; answers of "
+          f"{chapter_list(edition.revealed) if edition.revealed else 'none'} revealed) and "
           f"{edition.wheel}")
+    print(_installs_from(edition.repository, f"the wheel beside them ({edition.wheel.name})"))
     return 0
+
+
+def _installs_from(repository: str, wheel: str) -> str:
+    """The one line saying where the notebooks a class gets install the course from."""
+    if repository:
+        return f"the notebooks install the course from {repository} (or a course wheel beside them)"
+    return (f"no --repository: the notebooks install the course only from {wheel}, "
+            "never from the open course's repository")
 
 
 def _translations(check: bool) -> int:
@@ -395,15 +411,24 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "course-dir":
         from autograder.classdir import parse_chapters, write_course_dir
+        from autograder.edition import class_repository
 
         try:
             selected = parse_chapters(args.chapters, chapters())
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        try:
+            repository = class_repository(args.repository)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         for path in write_course_dir(args.directory, selected, args.course_id, args.exchange,
-                                     _sandboxed(args.sandbox)):
+                                     _sandboxed(args.sandbox), repository):
             print(f"wrote {path}")
+        print(_installs_from(repository, "a course wheel in their folder (build one with "
+                             "`python -m autograder edition` and put its wheel in each "
+                             "source/NN_slug/: nbgrader releases it with the notebook)"))
         return 0
 
     if _sandbox_missing(args):

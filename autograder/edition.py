@@ -2,23 +2,27 @@
 
     python -m autograder edition DEST [--reveal 1-3] [--repository URL]
 
-writes, in DEST, a folder ready to publish as the class's repository, and its wheel in
-DEST/dist:
+writes, in DEST, a folder ready to publish as the class's repository (``git add .``), and its
+wheel in DEST/dist:
 
     course/, kernels/          the library, each answer of a chapter not revealed replaced by
-                               a stub that says it is not part of this edition
-    autograder/checks/         the visible checks, with their recordings (checks/recorded/):
-                               what they asked of the hidden checks, answered when the edition
-                               was built (``autograder.private``)
+                               a stub that says it is not part of this edition; edition.json
+                               says which chapters the edition holds (``course doctor``)
+    autograder/checks/         the visible checks of those chapters, with their recordings
+                               (checks/recorded/): what they asked of the hidden checks,
+                               answered when the edition was built (``autograder.private``)
     autograder/guard.py ...    what a test cell imports; nothing of the grader, no hidden
                                checks, no models or oracles
-    exercises/                 the learner notebooks of every chapter whose notebook runs here,
-                               their setup cells installing from the class's repository
-    pyproject.toml, README.md  for ``pip install`` and for the learners
+    exercises/                 the learner notebooks of every chapter whose notebook runs here
+    pyproject.toml, README.md  for ``pip install`` and for the learners; .gitignore
 
 There are no instructor notebooks in it. An instructor reveals chapters as deadlines pass
 (``--reveal 1-3``: those answers stay whole). A chapter whose notebook runs an answer of a
 chapter not revealed (``needs`` in ``autograder.table``) is left out, and named.
+
+The open course's repository holds every answer, so an edition never names it: the
+notebooks' setup cells install from the class's repository (``--repository URL``), or, with
+none, only from the wheel the instructor hands out beside them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +55,8 @@ from autograder.repository import set_setup_cell, url
 from autograder.table import PARTS
 from autograder.translation import TRANSLATED
 
+CHECKS = REPO / "autograder" / "checks"
+
 # What of the grader a test cell needs; everything else of autograder/ stays out.
 SHIPPED = ["autograder/__init__.py", "autograder/guard.py", "autograder/private.py",
            "autograder/borrowing.py", "autograder/table.py", "autograder/hints.py"]
@@ -59,6 +66,7 @@ SHIPPED = ["autograder/__init__.py", "autograder/guard.py", "autograder/private.
 class Edition:
     root: Path
     revealed: list[int]
+    repository: str  # the class's, or "" (the notebooks install only the wheel beside them)
     included: list[Chapter] = field(default_factory=list)
     refused: dict[str, list[int]] = field(default_factory=dict)  # chapter -> needs not revealed
     wheel: Path | None = None
@@ -125,12 +133,13 @@ def _copy_library(destination: Path, revealed: set[int]) -> None:
                 shutil.copyfile(path, target)
 
 
-def recordings(destination: Path) -> list[Path]:
-    """Run every chapter's visible checks on the course's own answers, writing down what they
-    ask of the hidden checks; save the recordings under ``destination``."""
+def recordings(destination: Path, included: list[Chapter] | None = None) -> list[Path]:
+    """Run the visible checks of the ``included`` chapters (else every chapter's) on the
+    course's own answers, writing down what they ask of the hidden checks; save the recordings
+    under ``destination``."""
 
     def run() -> None:
-        for chapter in chapters().values():
+        for chapter in included or chapters().values():
             checks = importlib.import_module(PARTS[chapter.name].checks)
             for grade_id, target in subjects(nbformat.read(chapter.source, 4)).items():
                 getattr(checks, f"check_{grade_id}")(load(target))
@@ -138,17 +147,47 @@ def recordings(destination: Path) -> list[Path]:
     return record(run).save(destination)
 
 
-def _copy_checks(destination: Path) -> None:
+def checks_modules(included: list[Chapter]) -> list[str]:
+    """The checks modules the test cells of the ``included`` chapters import, with every checks
+    module those import in turn (chapter 9's checks build on chapter 7's)."""
+    wanted = ["autograder.checks"] + [PARTS[c.name].checks for c in included]
+    found: list[str] = []
+    while wanted:
+        name = wanted.pop()
+        if name in found:
+            continue
+        found.append(name)
+        tree = ast.parse(module_file(name).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            wanted += [n for n in names if n.count(".") == 2 and n.startswith(
+                "autograder.checks.") and (CHECKS / f"{n.rpartition('.')[2]}.py").exists()]
+    return sorted(found)
+
+
+def _copy_checks(destination: Path, included: list[Chapter]) -> None:
     for name in SHIPPED:
         target = destination / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / name, target)
-    checks = REPO / "autograder" / "checks"
-    (destination / "autograder" / "checks").mkdir(parents=True)
-    for path in sorted(checks.glob("*.py")):
-        shutil.copyfile(path, destination / "autograder" / "checks" / path.name)
-    shutil.copytree(REPO / "autograder" / "locale", destination / "autograder" / "locale")
-    recordings(destination / "autograder" / "checks" / "recorded")
+    for module in checks_modules(included):
+        target = destination / module_file(module).relative_to(REPO)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(module_file(module), target)
+    # a chapter's hints are read with the catalogues of the chapters up to it (autograder.hints)
+    last = max((int(c.number) for c in included), default=0)
+    shipped = {"grader.po", *(f"ch{n:02d}.po" for n in range(1, last + 1))}
+    for path in sorted((REPO / "autograder" / "locale").rglob("*.po")):
+        if path.name in shipped:
+            target = destination / path.relative_to(REPO)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    recordings(destination / "autograder" / "checks" / "recorded", included)
 
 
 def _exercises(destination: Path, included: list[Chapter], repository: str) -> None:
@@ -174,43 +213,85 @@ description = "A graded course on KV-cache memory management: the learner editio
 readme = "README.md"
 requires-python = ">=3.10"
 dependencies = {dependencies}
-
-[project.urls]
-Repository = "{repository}"
-
+{urls}
 [tool.setuptools.packages.find]
 include = ["course*", "kernels*", "autograder*"]
 
 [tool.setuptools.package-data]
 kernels = ["results/*.json"]
-course = ["locale/*/LC_MESSAGES/*.po"]
+course = ["edition.json", "locale/*/LC_MESSAGES/*.po"]
 autograder = ["checks/recorded/*.pkl", "locale/*/LC_MESSAGES/*.po"]
 """
 
-_README = """\
-# Paged KV cache: the course, learner edition
 
-Chapters in this edition: {chapters}. Each is a notebook in `exercises/`: read, fill in each
-TODO, run the test cell under it. The test cells here are the visible tests; the hidden tests
-run when your notebook is graded. Answers to chapters {revealed} are included; the others are
-yours to write.
-
-Set up: `pip install .` (with a CPU build of torch first where there is no GPU), or open a
-notebook on Colab: its first cell installs this edition from {repository}. Then `python -m
-course doctor` checks the environment.
+_GITIGNORE = """\
+# what `pip wheel .` and `pip install .` leave behind; the wheel to hand out is dist/*.whl
+build/
+dist/
+*.egg-info/
+__pycache__/
+.ipynb_checkpoints/
 """
+
+
+def chapter_list(numbers: list[int]) -> str:
+    """``[1]`` -> "chapter 1"; ``[1, 2, 4]`` -> "chapters 1, 2 and 4"."""
+    if len(numbers) == 1:
+        return f"chapter {numbers[0]}"
+    return f"chapters {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
+
+
+def _readme(edition: Edition, wheel_name: str) -> str:
+    held = [int(c.number) for c in edition.included]
+    if edition.revealed:
+        answers = (f"The course's answers to {chapter_list(edition.revealed)} are included; "
+                   "every other TODO is yours to write.")
+    else:
+        answers = "No answer is included: every TODO is yours to write."
+    install = ("`pip install .` in this folder (where there is no GPU, install a CPU build of "
+               "torch first)")
+    if edition.repository:
+        setup = (f"{install}, or open a notebook on Colab: its first cell installs this "
+                 f"edition from {edition.repository}.")
+    else:
+        setup = (f"{install}, or put the wheel `dist/{wheel_name}` in the folder of a notebook "
+                 "(on Colab, upload both): its first cell installs the course from it.")
+    paragraphs = [
+        f"This edition holds {chapter_list(held) if held else 'no chapter'}. Each is a notebook "
+        "in `exercises/` (in Chinese in `exercises/zh_CN/`): read it, fill in each TODO, run "
+        "the test cell under it. The test cells are the visible tests; the hidden tests run "
+        f"when your notebook is graded. {answers}",
+        f"Set up: {setup} Then `python -m course doctor` checks the environment."]
+    return "# Paged KV cache: the course, learner edition\n\n" + "".join(
+        textwrap.fill(paragraph, 92) + "\n\n" for paragraph in paragraphs).rstrip() + "\n"
+
+
+def _same_repository(one: str, other: str) -> bool:
+    def bare(address: str) -> str:
+        return address.strip().rstrip("/").removesuffix(".git").lower()
+
+    return bare(one) == bare(other)
+
+
+def class_repository(repository: str | None) -> str:
+    """``repository`` as a class's notebooks name it: ``""`` for none; the open course's own
+    repository, which holds every answer, is refused."""
+    if repository and _same_repository(repository, url()):
+        raise ValueError(f"{repository} is the open course's repository, which holds every "
+                         "answer: name the class's own repository, or none")
+    return repository or ""
 
 
 def build(destination: Path, revealed: set[int], repository: str | None = None,
           wheel: bool = True) -> Edition:
-    """Build the learner edition in ``destination`` (which must not exist yet)."""
+    """Build the learner edition in ``destination`` (which must not exist yet); its notebooks
+    install from ``repository`` (the class's), or with none only from the wheel beside them."""
     import tomllib
 
-    repository = repository or url()
     destination = destination.resolve()
     if destination.exists():
         raise FileExistsError(f"{destination} exists: choose a new folder")
-    edition = Edition(destination, sorted(revealed))
+    edition = Edition(destination, sorted(revealed), class_repository(repository))
     for chapter in chapters().values():
         missing = [n for n in PARTS[chapter.name].needs if n not in revealed]
         if missing:
@@ -218,21 +299,24 @@ def build(destination: Path, revealed: set[int], repository: str | None = None,
         else:
             edition.included.append(chapter)
     _copy_library(destination, revealed)
-    _copy_checks(destination)
-    _exercises(destination, edition.included, repository)
+    (destination / "course" / "edition.json").write_text(json.dumps(
+        {"chapters": [c.name for c in edition.included], "revealed": edition.revealed},
+        indent=1) + "\n")
+    _copy_checks(destination, edition.included)
+    _exercises(destination, edition.included, edition.repository)
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     dependencies = "[\n" + "".join(f"    {json.dumps(d)},\n" for d in project["dependencies"]) + "]"
+    urls = f'\n[project.urls]\nRepository = "{edition.repository}"\n' if edition.repository else ""
     (destination / "pyproject.toml").write_text(_PYPROJECT.format(
-        version=project["version"], dependencies=dependencies,
-        repository=repository))
-    names = ", ".join(str(int(c.number)) for c in edition.included) or "none"
-    (destination / "README.md").write_text(_README.format(
-        chapters=names, revealed=", ".join(map(str, sorted(revealed))) or "none",
-        repository=repository))
+        version=project["version"], dependencies=dependencies, urls=urls))
+    (destination / ".gitignore").write_text(_GITIGNORE)
+    (destination / "README.md").write_text(_readme(
+        edition, f"paged_kv_course-{project['version']}-py3-none-any.whl"))
     if wheel:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                         "--no-build-isolation", "--wheel-dir", str(destination / "dist"),
                         str(destination)], check=True, capture_output=True)
-        shutil.rmtree(destination / "build", ignore_errors=True)
+        for byproduct in [destination / "build", *destination.glob("*.egg-info")]:
+            shutil.rmtree(byproduct, ignore_errors=True)
         edition.wheel = next((destination / "dist").glob("paged_kv_course-*.whl"))
     return edition

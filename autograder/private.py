@@ -1,15 +1,15 @@
 """What a visible check may not ship, and how it still runs where that is missing.
 
-Visible checks (``autograder/checks/chNN.py``) ship to learners. Whatever would answer a TODO
-lives in the chapter's hidden module (``autograder/hidden/chNN.py``): the oracles that compute
-expected values, the models that say what a class should hold, the known mistakes a hint
-names. A visible check reaches them through ``private("NN")``:
+Visible checks (``autograder.checks.chNN``) ship to learners. Whatever would answer a TODO
+lives in the chapter's hidden module (``autograder.hidden.chNN``, the grader's alone): the
+oracles that compute expected values, the models that say what a class should hold, the known
+mistakes a hint names. A visible check reaches them through ``private("NN")``:
 
     open course        the hidden module itself
     recording          the hidden module, every call and attribute read written down
     learner edition    a replay of those recordings: the same answers to the same questions
 
-Recordings are made when the learner edition is built, by running every visible check on the
+Recordings are made when a learner edition is built, by running its visible checks on the
 course's own answer (``record``). A call is known by the visible check it runs in, what it
 asks (a function's dotted path on the module, or a model instance's method or attribute), its
 arguments, and how many times that exact question was asked before in the same run of the

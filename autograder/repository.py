@@ -4,6 +4,11 @@ The URL is ``[project.urls] Repository`` in pyproject.toml. Every notebook's fir
 it (a Colab session starts with nothing installed, so the cell cannot read it from the
 package), and the README's "Open in Colab" links are built from it. ``python -m autograder
 repository URL`` sets it and rewrites both; tests/test_colab.py checks they agree.
+
+What a class's learners get (``edition``, ``course-dir``) names the class's own repository, or
+none: the open repository holds every answer. With none (``REPOSITORY = ""``), the cell
+installs the course only from what the instructor ships beside the notebook (the edition's
+wheel) and otherwise stops, saying so.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ _SETUP_CELL = '''\
 #@title Set up the course (run this cell first)
 # Where the course package is missing (a fresh Colab session), this cell installs
 # it: from $KV_COURSE_SOURCE if set, else a course wheel next to this notebook, else the
-# checkout this notebook sits in, else the course's repository. Then it picks GPU mode or
-# Triton's CPU interpreter and says which. Behind a PyPI mirror, name it before running
-# this cell (pip reads it), e.g. %env PIP_INDEX_URL=https://mirrors.aliyun.com/pypi/simple/
+# checkout this notebook sits in, else the repository named below (if one is). Then it picks
+# GPU mode or Triton's CPU interpreter and says which. Behind a PyPI mirror, name it before
+# running this cell (pip reads it), e.g.
+# %env PIP_INDEX_URL=https://mirrors.aliyun.com/pypi/simple/
 import glob
 import importlib.util
 import os
@@ -44,8 +50,13 @@ REPOSITORY = "{url}"
 if importlib.util.find_spec("course") is None:
     wheels = sorted(glob.glob("paged_kv_course-*.whl"))
     source = os.environ.get("KV_COURSE_SOURCE") or (wheels[-1] if wheels else None)
+    if source is None and os.path.exists("../pyproject.toml"):
+        source = ".."
+    if source is None and REPOSITORY:
+        source = f"git+{{REPOSITORY}}"
     if source is None:
-        source = ".." if os.path.exists("../pyproject.toml") else f"git+{{REPOSITORY}}"
+        print("The course is not installed: put the wheel you were given next to this notebook.")
+        raise SystemExit(1)
     print(f"Installing the course from {{source}} ...")
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", source])
     importlib.invalidate_caches()
@@ -61,7 +72,7 @@ def url() -> str:
 
 
 def setup_cell(repository: str) -> str:
-    """The source of every notebook's first code cell."""
+    """The source of every notebook's first code cell; ``""`` for no repository."""
     return _SETUP_CELL.format(url=repository)
 
 

@@ -41,19 +41,19 @@ class Parts:
 
     @property
     def mutants(self) -> str:
-        """The module of wrong answers, each with its hint (``tests/mutants/``; the tests
-        import it with ``tests/`` on the path)."""
+        """The module of wrong answers, each with its hint, in the course's test suite (which
+        imports it with its own folder on the path)."""
         return f"mutants.{self._ch}"
 
     @property
     def alternatives(self) -> str:
-        """The module of differently written correct answers (``tests/alternatives/``)."""
+        """The module of differently written correct answers, in the course's test suite."""
         return f"alternatives.{self._ch}"
 
     @property
     def tests(self) -> str:
-        """The chapter's own test files, a glob pattern from the repository's root: every
-        test about one chapter is named ``tests/test_chNN_<topic>.py``."""
+        """The chapter's own test files, a glob pattern from the open course's root: every
+        test about one chapter is named ``test_chNN_<topic>.py``."""
         return f"tests/test_{self._ch}_*.py"
 
     @property

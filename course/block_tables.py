@@ -1,8 +1,7 @@
 """Chapter 2's reference solutions: blocks, block tables and slot mappings.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 2's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 
 A sequence's tokens are numbered 0, 1, 2, ... (logical positions). With block size B, position
 t lives in logical block t // B at offset t % B; the block table maps each logical block to a

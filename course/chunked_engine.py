@@ -15,8 +15,7 @@ reads all of its keys from the paged cache, the ones it has just written include
 what lets a prefix-cache hit skip its tokens' compute.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 9's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 """
 
 from __future__ import annotations

@@ -22,8 +22,7 @@ Blocks: a request is given blocks for all of its tokens when admitted (chapter 4
 (``ComputedPrefixCache``), so a hit never reads a block another request is still filling.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 9's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 """
 
 from __future__ import annotations

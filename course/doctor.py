@@ -1,17 +1,28 @@
-"""``python -m course doctor``: is this environment ready for the course, and if not, why."""
+"""``python -m course doctor``: is this environment ready for the course, and if not, why.
+
+In the open course that means what a learner, a grader and the tests need (``make setup``);
+in a learner edition (``course/edition.json``, written by the edition's build) only what the
+edition's notebooks need: no grader, no sandbox, no JupyterLab on Colab, and fixes that exist
+there."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+EDITION = Path(__file__).with_name("edition.json")
 
 _INSTALL = "pip install -e '.[dev]' (or run `make setup` in the course folder)"
+_INSTALL_EDITION = ("pip install the edition's wheel (paged_kv_course-*.whl), or "
+                    "`pip install .` in the edition's folder")
 
 
 @dataclass
@@ -30,12 +41,19 @@ def _version(package: str) -> str | None:
         return None
 
 
+def edition() -> dict | None:
+    """What this learner edition holds (its chapters, the answers revealed); None in the
+    open course."""
+    return json.loads(EDITION.read_text()) if EDITION.exists() else None
+
+
 def _package(
-    name: str, dist: str, minimum: tuple[int, ...], probe: Callable[[], None] | None = None
+    name: str, dist: str, minimum: tuple[int, ...], probe: Callable[[], None] | None = None,
+    install: str = _INSTALL
 ) -> Finding:
     version = _version(dist)
     if version is None:
-        return Finding(name, "not installed", False, _INSTALL)
+        return Finding(name, "not installed", False, install)
     if _as_tuple(version) < minimum:
         wanted = ".".join(map(str, minimum))
         return Finding(name, f"{version} (the course needs {wanted} or newer)", False,
@@ -110,25 +128,48 @@ def _sandbox() -> Finding:
                    "grading unless told --sandbox off (unsandboxed)", needed=False)
 
 
+def _jupyterlab_for_a_learner() -> Finding:
+    """A learner edition's notebooks run in JupyterLab or on Colab (which brings its own
+    front end): JupyterLab is reported, never counted as a problem."""
+    found = _package("jupyterlab", "jupyterlab", (4, 2), install="pip install jupyterlab")
+    if not found.ok:
+        found.fix += " (to run the notebooks on this machine; Colab needs nothing)"
+        found.needed = False
+    return found
+
+
 def diagnose() -> list[Finding]:
     """Every finding, in the order doctor prints them."""
+    held = edition()
+    in_edition = held is not None
+    install = _INSTALL_EDITION if in_edition else _INSTALL
     findings = [Finding("python", platform.python_version(), sys.version_info >= (3, 10),
                         "use Python 3.10 or newer")]
-    findings.append(_package("torch", "torch", (2, 3)))
+    if held is not None:
+        numbers = ", ".join(name[:2] for name in held["chapters"]) or "none"
+        revealed = ", ".join(map(str, held["revealed"])) or "none"
+        findings.insert(0, Finding("edition", f"learner edition: chapters {numbers}; the "
+                                   f"course's answers to {revealed} included", True))
+    findings.append(_package("torch", "torch", (2, 3), install=install))
     if sys.platform == "linux":
-        findings.append(_package("triton", "triton", (3, 0), _triton_interpreter_runs))
+        findings.append(_package("triton", "triton", (3, 0), _triton_interpreter_runs,
+                                 install))
     else:
         findings.append(Finding("triton", f"not available on {sys.platform}", False,
                                 "Triton ships for Linux only: use Linux, WSL2 or Colab"))
+    findings.append(_package("numpy", "numpy", (1, 26), install=install))
+    if in_edition:
+        findings.append(_jupyterlab_for_a_learner())
+    else:
+        findings += [_package("nbgrader", "nbgrader", (0, 9, 5)),
+                     _package("jupyterlab", "jupyterlab", (4, 2))]
     findings += [
-        _package("numpy", "numpy", (1, 26)),
-        _package("nbgrader", "nbgrader", (0, 9, 5)),
-        _package("jupyterlab", "jupyterlab", (4, 2)),
-        _package("ipywidgets", "ipywidgets", (8, 1)),
-        _package("plotly", "plotly", (5, 20)),
+        _package("ipywidgets", "ipywidgets", (8, 1), install=install),
+        _package("plotly", "plotly", (5, 20), install=install),
         _mode(),
-        _sandbox(),
     ]
+    if not in_edition:  # grading is not part of a learner edition
+        findings.append(_sandbox())
     return findings
 
 

@@ -1,8 +1,7 @@
 """Chapter 1's reference solutions: how many bytes the KV cache needs, and what fits on a GPU.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 1's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 
 A KV cache stores, for every token, layer and KV head, one key and one value vector::
 

@@ -21,8 +21,7 @@ Every step the scheduler decides, on top of a chapter 3 BlockManager, which requ
        request whose blocks it does not hold: the step is atomic.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 5's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 """
 
 from __future__ import annotations

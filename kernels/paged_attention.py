@@ -23,8 +23,7 @@ size of 80 runs in a 128-column tile. Pool offsets are computed in int64: a pool
 has more than 2^31 elements, and an int32 offset would wrap.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 7's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 Import after ``course.setup()``.
 """
 

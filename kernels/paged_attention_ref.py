@@ -11,8 +11,7 @@ Layout::
 
 Query head h reads KV head h // (num_q_heads // num_kv_heads) (grouped-query attention).
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 6's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ An empty split writes l = 0 and acc = 0 (and m = -inf), so it weighs nothing in 
 Partials are fp32 and laid out [num_seqs, num_q_heads, num_splits(, head_dim)], contiguous.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 7's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 """
 
 from __future__ import annotations

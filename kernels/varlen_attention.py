@@ -16,8 +16,7 @@ Any head size and block size: both are padded to a power of two of at least 16 (
 the group of query heads sharing a KV head is padded to ``GROUP_PAD`` rows, as in chapter 7.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 9's
-notebook renders its cells from them, and the learner edition replaces them with stubs
-(``autograder/render.py``, ``autograder/edition.py``).
+notebook renders its cells from them, and a learner edition replaces them with stubs.
 Import after ``course.setup()``.
 """
 

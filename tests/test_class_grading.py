@@ -67,13 +67,11 @@ def test_a_class_through_nbgrader_exchange_as_the_readme_says(tmp_path):
     exchange, course = tmp_path / "exchange", tmp_path / "class"
     exchange.mkdir()
     exchange.chmod(0o777)
-    made = run("course-dir", course, "--chapters", "1-2", "--course-id", "kvcourse",
-               "--exchange", exchange, cwd=tmp_path)
-    assert made.returncode == 0, made.stderr
     # the class publishes from its own repository: its setup cell differs from the package's
-    source = course / "source" / FIRST.name / f"{FIRST.name}.ipynb"
-    source.write_text(source.read_text().replace("github.com/paged-kv-course/paged-kv-course",
-                                                 "git.example.edu/kv/class"))
+    made = run("course-dir", course, "--chapters", "1-2", "--course-id", "kvcourse",
+               "--exchange", exchange, "--repository", "https://git.example.edu/kv/class",
+               cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
     for chapter in (FIRST, SECOND):
         nbgrader("generate_assignment", chapter.name, cwd=course)
         nbgrader("release_assignment", chapter.name, cwd=course)

@@ -1,5 +1,6 @@
-"""The learner edition: no answer of a chapter not revealed is in it, and its visible tests
-still catch every mutant with the hint it gets in the open course.
+"""The learner edition: no answer of a chapter not revealed is in it, no way to the open
+course (whose repository holds every answer), nothing of the chapters it leaves out, and its
+visible tests still catch every mutant with the hint it gets in the open course.
 
 The notebooks of an edition are run in a fresh environment in tests/test_wheel.py.
 """
@@ -8,12 +9,17 @@ from __future__ import annotations
 
 import ast
 import importlib
+import io
 import re
+import subprocess
+import sys
+import tokenize
 import zipfile
+from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import CHAPTERS
+from conftest import CHAPTERS, grade, nbgrader
 from subjects import alternatives
 
 import autograder.private as private
@@ -28,7 +34,10 @@ from autograder.render import (
     span,
     subjects,
 )
+from autograder.repository import setup_cell_of, url
 from autograder.table import PARTS
+
+CLASS_REPOSITORY = "https://git.example.edu/kv/class-2026"
 
 
 def _normalised(text: str) -> str:
@@ -55,8 +64,14 @@ def _answer_regions() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def bare(tmp_path_factory):
-    """An edition with nothing revealed, and its wheel."""
+    """An edition with nothing revealed and no repository named, and its wheel."""
     return build(tmp_path_factory.mktemp("edition") / "class", set())
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """An edition with chapters 1 and 2 revealed, published from the class's repository."""
+    return build(tmp_path_factory.mktemp("edition") / "published", {1, 2}, CLASS_REPOSITORY)
 
 
 def test_an_edition_with_nothing_revealed_holds_no_answer(bare):
@@ -139,3 +154,125 @@ def test_visible_checks_never_run_the_chapters_own_answers(chapter, monkeypatch)
     for grade_id, found in subjects.items():
         for subject in found:
             getattr(checks, f"check_{grade_id}")(subject)
+
+
+def _open_repository_in(folder: Path) -> list[str]:
+    """Every file under ``folder`` (and every member of a wheel there) that names the open
+    course's repository, in any spelling of its address."""
+    address = re.sub(r"^https?://", "", url()).removesuffix(".git").lower().encode()
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        contents = {str(path.relative_to(folder)): path.read_bytes()}
+        if path.suffix == ".whl":
+            with zipfile.ZipFile(path) as wheel:
+                contents |= {f"{path.name}:{name}": wheel.read(name) for name in wheel.namelist()}
+        found += [name for name, data in contents.items() if address in data.lower()]
+    return found
+
+
+def _class_release(root: Path, *options: str) -> tuple[Path, str]:
+    """A class directory set up by ``course-dir`` with ``options``, chapter 1 generated for
+    release by nbgrader's own generate_assignment (``release/`` is what learners fetch);
+    with what ``course-dir`` said."""
+    made = grade("course-dir", root, "--chapters", "1-2", *options)
+    assert made.returncode == 0, made.stderr
+    nbgrader("generate_assignment", CHAPTERS[0].name, cwd=root)
+    assert (root / "release" / CHAPTERS[0].name / f"{CHAPTERS[0].name}.ipynb").exists()
+    return root, made.stdout
+
+
+@pytest.mark.pipeline
+def test_no_edition_or_class_release_names_the_open_repository(bare, published, tmp_path):
+    for edition, installs_from in ((bare, ""), (published, CLASS_REPOSITORY)):
+        assert _open_repository_in(edition.root) == []
+        for notebook in sorted((edition.root / "exercises").rglob("*.ipynb")):
+            assert f'REPOSITORY = "{installs_from}"' in setup_cell_of(notebook), notebook
+    for folder, options, installs_from in (
+            ("bare", (), ""), ("published", ("--repository", CLASS_REPOSITORY), CLASS_REPOSITORY)):
+        root, said = _class_release(tmp_path / folder, *options)
+        assert _open_repository_in(root) == []
+        released = root / "release" / CHAPTERS[0].name / f"{CHAPTERS[0].name}.ipynb"
+        assert f'REPOSITORY = "{installs_from}"' in setup_cell_of(released)
+        # one line says where the notebooks install from
+        assert len([line for line in said.splitlines() if "install" in line]) == 1, said
+
+
+def test_the_open_repository_is_refused_as_a_class_repository(tmp_path):
+    with pytest.raises(ValueError, match="holds every answer"):
+        build(tmp_path / "edition", set(), url().removesuffix("/") + ".git/", wheel=False)
+    done = grade("course-dir", tmp_path / "class", "--repository", url().upper())
+    assert done.returncode == 1 and "holds every answer" in done.stderr, done.stderr
+    assert not (tmp_path / "class").exists() and not (tmp_path / "edition").exists()
+
+
+def test_a_setup_cell_with_no_repository_installs_nothing_it_was_not_handed(bare, tmp_path):
+    """Where the course is not installed and no wheel sits beside the notebook, the cell stops
+    with one sentence and runs no installer (``-S``: this interpreter sees no installed
+    course)."""
+    cell = setup_cell_of(bare.root / "exercises" / f"{CHAPTERS[0].name}.ipynb")
+    done = subprocess.run([sys.executable, "-S", "-c", cell], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "put the wheel you were given next to this notebook" in done.stdout
+    assert "Installing" not in done.stdout
+
+
+def _paths_named(text: str) -> list[str]:
+    """Paths into the course's folders that ``text`` names (``autograder/hidden/chNN.py``),
+    as glob patterns: a placeholder (``NN``, ``NAME``, ``<topic>``) matches anything."""
+    named = re.findall(r"(?<![\w./-])((?:autograder|course|kernels|tests|solutions|exercises|docs"
+                       r"|hub)/[\w./*<>-]*)", text)
+    return [re.sub(r"<\w+>|\b[A-Z]{2,}\b|NN", "*", path.rstrip(".")) for path in named]
+
+
+def _missing(root: Path, pattern: str) -> bool:
+    """Whether ``pattern`` names nothing under ``root``: no file matches, nor, for a file a
+    tool writes (a placeholder in its name, ``kernels/results/NAME.json``), its folder."""
+    folder, _, name = pattern.rpartition("/")
+    return not list(root.glob(pattern)) and not ("*" in name and (root / folder).is_dir())
+
+
+def _docstrings_and_comments(source: str) -> str:
+    tree = ast.parse(source)
+    texts = [ast.get_docstring(node, clean=False) or "" for node in ast.walk(tree)
+             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)]
+    texts += [token.string for token in tokenize.generate_tokens(io.StringIO(source).readline)
+              if token.type == tokenize.COMMENT]
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("edition_of", ["bare", "published"])
+def test_an_edition_stands_on_its_own(edition_of, request):
+    """It ships the checks, recordings and catalogues of the chapters it holds and no others;
+    its docstrings, comments and README name only files it ships; its folder is ready for
+    ``git add .``; its README says what it holds in plain words."""
+    edition = request.getfixturevalue(edition_of)
+    root = edition.root
+    checks = {p.stem for p in (root / "autograder" / "checks").glob("ch*.py")}
+    recorded = {p.stem for p in (root / "autograder" / "checks" / "recorded").glob("*.pkl")}
+    held = {PARTS[c.name].checks.rpartition(".")[2] for c in edition.included}
+    left_out = {PARTS[name].checks.rpartition(".")[2] for name in edition.refused}
+    assert held <= checks and recorded <= checks and recorded, (held, checks, recorded)
+    assert not left_out & (checks | recorded), left_out & (checks | recorded)
+    catalogues = {p.stem for p in (root / "autograder" / "locale").rglob("ch*.po")}
+    assert catalogues == {f"ch{n:02d}" for n in range(1, int(max(held)[2:]) + 1)}
+
+    missing = []
+    for path in sorted(root.rglob("*.py")):
+        for named in _paths_named(_docstrings_and_comments(path.read_text(encoding="utf-8"))):
+            if _missing(root, named):
+                missing.append((str(path.relative_to(root)), named))
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    missing += [("README.md", named) for named in _paths_named(readme)
+                if _missing(root, named)]
+    assert missing == []
+
+    assert not list(root.glob("*.egg-info")) and not (root / "build").exists()
+    ignored = (root / ".gitignore").read_text().split()
+    assert {"dist/", "build/", "*.egg-info/", "__pycache__/"} <= set(ignored)
+    readme = " ".join(readme.split())
+    assert not re.search(r"chapters \d+(?!,| and)|chapter \d+,", readme), readme
+    if edition.repository:
+        assert f"installs this edition from {edition.repository}" in readme
+    else:
+        assert f"dist/{edition.wheel.name}" in readme

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,28 @@ def test_doctor_names_a_fix_for_a_missing_package(monkeypatch, capsys):
 def test_course_module_without_a_command_prints_usage():
     done = subprocess.run([sys.executable, "-m", "course"], capture_output=True, text=True)
     assert done.returncode == 2 and "usage: python -m course doctor" in done.stderr
+
+
+def test_doctor_in_a_learner_edition_asks_only_for_what_the_edition_needs(tmp_path, monkeypatch,
+                                                                          capsys):
+    """No grader, no sandbox, JupyterLab only as a note (Colab brings its own front end), and
+    fixes that exist in an edition: installing its wheel, never `make setup` or the grader."""
+    from course import doctor
+
+    held = tmp_path / "edition.json"
+    held.write_text('{"chapters": ["01_kv_cache_sizing", "02_block_tables"], "revealed": [1]}')
+    monkeypatch.setattr(doctor, "EDITION", held)
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version",
+                        lambda d: None if d in ("nbgrader", "jupyterlab") else real(d))
+    monkeypatch.setattr(doctor, "_triton_interpreter_runs", lambda: None)
+    assert doctor.main() == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "ready for the course", out
+    assert "ok   edition" in out and "chapters 01, 02" in out
+    assert "--   jupyterlab" in out and "nbgrader" not in out and "sandbox" not in out
+    assert not re.search(r"make setup|\[dev\]|autograder", out), out
+    monkeypatch.setattr(doctor, "_version", lambda d: None if d == "plotly" else real(d))
+    assert doctor.main() == 1
+    out = capsys.readouterr().out
+    assert "BAD  plotly" in out and "fix: pip install the edition's wheel" in out

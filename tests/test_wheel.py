@@ -103,6 +103,16 @@ def test_the_first_setup_cell_installed_the_course_from_the_wheel_beside_it(whee
     assert re.search(r"Installing the course from paged_kv_course-.*\.whl", printed), printed
 
 
+def test_the_editions_doctor_finds_no_problem_where_only_the_edition_is_installed(wheel_env):
+    python, *_ = wheel_env
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    done = subprocess.run([str(python), "-m", "course", "doctor"], cwd=python.parents[2],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("ok   edition") and lines[-1] == "ready for the course", lines
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_a_solution_runs_top_to_bottom_and_passes_its_visible_tests(chapter, wheel_env):
     _, ran, *_ = wheel_env
