@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -76,8 +77,18 @@ def class_chapters(course: Path) -> dict[str, Chapter]:
             if _is_chapter_name(path.parent.name) and path.stem == path.parent.name}
 
 
+# a class's copy names the class's repository (or none) in its setup cell, and is still the
+# package's chapter (``autograder.repository``)
+_REPOSITORY = re.compile(r'REPOSITORY = \\"[^"\\]*\\"')
+
+
 def _same_text(one: Path, other: Path) -> bool:
-    return other.exists() and one.read_bytes() == other.read_bytes()
+    """Whether two notebooks are the same chapter as written, whatever repository their setup
+    cells install from."""
+    def text(path: Path) -> str:
+        return _REPOSITORY.sub("REPOSITORY", path.read_text(encoding="utf-8"))
+
+    return other.exists() and text(one) == text(other)
 
 
 @cache
