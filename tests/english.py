@@ -1,5 +1,5 @@
-"""English prose in what a learner reads: how tests/test_zh_notebooks.py tells that a Chinese
-notebook's outputs speak Chinese.
+"""English prose in what a learner reads: how tests/test_wheel.py tells that a Chinese
+notebook's outputs speak Chinese (``shown`` lists every text an executed notebook shows).
 
 An English word is letters alone, with an apostrophe or a hyphen between them ("course's",
 "copy-on-write"), and not CamelCase ("BlockManager"): a token holding ``_ . ( )``, a digit, a
@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Iterator
+
+import nbformat
 
 SENTENCE = 4  # English words in a row that make a sentence
 
@@ -36,3 +39,48 @@ def english_sentences(text: str) -> list[str]:
             found += [" ".join(run)] if len(run) >= SENTENCE else []
             run = []
     return found + ([" ".join(run)] if len(run) >= SENTENCE else [])
+
+
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGETS = "application/vnd.jupyter.widget-state+json"
+# What a plotly figure shows a reader: titles (axes', legends' and annotations' too), trace
+# names, hover templates and texts drawn beside the marks. Its theme (``template``) is not
+# text.
+FIGURE_TEXTS = ("title", "text", "name", "hovertemplate", "hovertext", "texttemplate",
+                "ticktext")
+
+
+def _figure_texts(value: object, where: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key != "template":
+                yield from _figure_texts(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _figure_texts(item, f"{where}[{index}]")
+    elif isinstance(value, str) and where.rsplit(".", 1)[-1].split("[")[0] in FIGURE_TEXTS:
+        yield where, value
+
+
+def shown(notebook: nbformat.NotebookNode) -> Iterator[tuple[str, str, str]]:
+    """(cell, output, text) for every text an executed notebook shows: streams, text data,
+    errors, a plotly figure's texts, and the widgets' state (a widget's first view)."""
+    for index, cell in enumerate(notebook.cells):
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        name = f"cell {index}" + (f" ({grade_id})" if grade_id else "")
+        for number, output in enumerate(cell.get("outputs", [])):
+            if output.output_type == "stream":
+                yield name, f"output {number} ({output.name})", output.text
+            elif output.output_type == "error":
+                yield name, f"output {number} (error)", f"{output.ename}: {output.evalue}"
+            for kind, data in output.get("data", {}).items():
+                if kind == PLOTLY:
+                    for where, text in _figure_texts(data):
+                        yield name, f"output {number} (plotly {where})", text
+                elif kind.startswith("text/"):
+                    yield name, f"output {number} ({kind})", data
+    state = notebook.metadata.get("widgets", {}).get(WIDGETS, {}).get("state", {})
+    for model_id, model in state.items():
+        for key in ("value", "description", "tooltip", "placeholder"):
+            if isinstance(model["state"].get(key), str):
+                yield "widgets", f"{model['model_name']} {model_id} ({key})", model["state"][key]

@@ -1,14 +1,19 @@
 """A class's learner edition, as its learners get it: its wheel alone runs every chapter.
 
-The edition is built with chapters 1 to 7 revealed (chapter 8 is the one being learned). A
+The edition is built with chapters 1 to 8 revealed (chapter 9 is the one being learned). A
 fresh virtual environment gets a Jupyter kernel (and CPU torch where there is no GPU, as
-Colab has torch already), nothing from this checkout. The instructor's solution notebooks and
-the edition's exercises are copied, with the edition's wheel beside them, to a folder outside
-the checkout and run there top to bottom: the first one's setup cell installs the course from
-the wheel, as on Colab when a learner uploads it. Every solution runs without an error (its
-visible tests pass with no answer of chapter 8 in the library) and shows its charts and
-widgets; every exercise fails only in its test cells. The exercises of an edition with
-nothing revealed run there too: a cell that needs an unfinished TODO stops with one line.
+Colab has torch already), nothing from this checkout. The instructor's notebooks (chapter 1's
+in English, every chapter's in Chinese) and the edition's exercises are copied, with the
+edition's wheel beside them, to a folder outside the checkout and run there top to bottom: the
+first one's setup cell installs the course from the wheel, as on Colab when a learner uploads
+it. Every solution runs without an error (its visible tests pass with no answer of chapter 9
+in the library), shows its charts and widgets, and, in Chinese, shows no English sentence;
+every exercise fails only in its test cells. The exercises of an edition with nothing revealed
+run there too: a cell that needs an unfinished TODO stops with one line.
+
+Each notebook runs once in the suite where it can serve several tests: the English solutions
+run top to bottom in JupyterLab (tests/test_browser.py), so here the Chinese ones, which need
+the catalogues the wheel must ship, stand for them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import nbformat
 import pytest
 import torch
 from conftest import CHAPTERS, LEARNED, REPO
+from english import english_sentences, shown
 from notebook_variants import without_hidden_tests
 from run_notebooks import errors
 
@@ -32,6 +38,15 @@ from autograder.table import PARTS
 pytestmark = pytest.mark.pipeline
 
 PICTURES = {"application/vnd.plotly.v1+json", "application/vnd.jupyter.widget-view+json"}
+ZH = "zh_CN"
+# The solutions run: chapter 1's in English (its setup cell installs the wheel), every
+# chapter's in Chinese.
+SOLUTIONS = [(None, CHAPTERS[0])] + [(ZH, chapter) for chapter in CHAPTERS]
+
+
+def _ran_as(language: str | None, chapter) -> str:
+    """The name a solution runs under in the notebooks' folder."""
+    return f"{language}-{chapter.source.name}" if language else chapter.source.name
 
 
 def _pip(venv, *args: str) -> None:
@@ -60,8 +75,9 @@ def wheel_env(tmp_path_factory):
     notebooks = root / "notebooks"
     notebooks.mkdir()
     shutil.copyfile(edition.wheel, notebooks / edition.wheel.name)
+    for language, chapter in SOLUTIONS:
+        without_hidden_tests(chapter.source_in(language), notebooks / _ran_as(language, chapter))
     for chapter in CHAPTERS:
-        without_hidden_tests(chapter.source, notebooks / chapter.source.name)
         shutil.copyfile(edition.root / "exercises" / chapter.source.name,
                         notebooks / f"exercise-{chapter.source.name}")
     env = {k: v for k, v in os.environ.items()
@@ -113,14 +129,30 @@ def test_the_editions_doctor_finds_no_problem_where_only_the_edition_is_installe
     assert lines[0].startswith("ok   edition") and lines[-1] == "ready for the course", lines
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
-def test_a_solution_runs_top_to_bottom_and_passes_its_visible_tests(chapter, wheel_env):
+@pytest.mark.parametrize(("language", "chapter"), SOLUTIONS,
+                         ids=[_ran_as(*solution).removesuffix(".ipynb") for solution in SOLUTIONS])
+def test_a_solution_runs_top_to_bottom_and_passes_its_visible_tests(language, chapter, wheel_env):
     _, ran, *_ = wheel_env
-    notebook = nbformat.read(ran / chapter.source.name, as_version=4)
+    notebook = nbformat.read(ran / _ran_as(language, chapter), as_version=4)
     assert errors(notebook) == {}
-    shown = [o for c in notebook.cells for o in c.get("outputs", [])
-             if PICTURES & set(o.get("data", {}))]
-    assert shown, "the chart and widget cells showed nothing"
+    pictures = [o for c in notebook.cells for o in c.get("outputs", [])
+                if PICTURES & set(o.get("data", {}))]
+    assert pictures, "the chart and widget cells showed nothing"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_a_chinese_solution_speaks_chinese(chapter, wheel_env):
+    """Its set-up line, outputs, charts' texts and widgets' first views: no English sentence
+    (tests/english.py says what one is)."""
+    _, ran, *_ = wheel_env
+    notebook = nbformat.read(ran / _ran_as(ZH, chapter), as_version=4)
+    setup = next(c for c in notebook.cells if c.cell_type == "code")
+    said = "".join(o.get("text", "") for o in setup.outputs)
+    assert "解释器" in said or "GPU 模式" in said, said
+    english = [f"{cell}, {output}: {sentence!r}" for cell, output, text in shown(notebook)
+               for sentence in english_sentences(text)]
+    assert not english, (f"{len(english)} English sentences in {chapter.name}'s outputs, "
+                         "in Chinese:\n" + "\n".join(english[:30]))
 
 
 def _fails_only_where_a_learner_expects(notebook) -> dict[str, str]:
