@@ -502,7 +502,8 @@ def _append_slot_cases(cls: type, blame: str | None = None) -> None:
         h.append(1, 20 + token)
 
 
-def _free_cases(cls: type, blame: str | None = None) -> None:
+def _revival_cases(cls: type, blame: str | None = None) -> None:
+    """Revived blocks count against capacity: they leave the free queue as fresh ones do."""
     tight = _Harness(cls, 5, 4, blame=blame)  # reviving two cached and taking two fresh: no room
     tight.allocate(0, SYSTEM + [1])
     tight.allocate(9, [5] * 8)
@@ -512,6 +513,10 @@ def _free_cases(cls: type, blame: str | None = None) -> None:
     tight.free(9)
     tight.allocate(3, SYSTEM + [3])  # shares the system prompt with sequence 2, evicts one
     tight.free(3)  # the shared blocks stay with sequence 2
+
+
+def _free_cases(cls: type, blame: str | None = None) -> None:
+    _revival_cases(cls, blame)
     h = _Harness(cls, 6, 4, blame=blame)
     h.allocate(0, SYSTEM + [1, 2, 3, 4, 9])
     h.free(0)

@@ -16,6 +16,7 @@ under ten at either size.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Callable
 
@@ -121,21 +122,27 @@ SMALL, LARGE = 1_000, 256_000
 CALLS, RUNS = 300, 5
 
 
-def _best_seconds(cls: type, num_blocks: int, block_size: int, prepare: Callable,
-                  operation: Callable) -> float:
-    """The best of ``RUNS`` runs of ``CALLS`` calls of ``operation(bm, i)`` on a fresh manager
-    that ``prepare(bm)`` set up (not timed)."""
-    best = float("inf")
+def _seconds_per_call(cls: type, num_blocks: int, block_size: int, prepare: Callable,
+                      operation: Callable, bound: float = math.inf) -> float:
+    """The best of ``RUNS`` runs' seconds per call of ``operation(bm, i)``, ``CALLS`` calls on
+    a fresh manager that ``prepare(bm)`` set up (not timed). A run stops as soon as it has
+    taken more than ``bound`` seconds for each of its ``CALLS`` calls: it is over the bound
+    whatever the rest would take, and an operation that walks a large pool would otherwise
+    take minutes to be told so."""
+    best = math.inf
     for _ in range(RUNS):
         bm = cls(num_blocks, block_size)
         prepare(bm)
         enabled = gc.isenabled()
         gc.disable()
         try:
-            start = time.perf_counter()
+            start, done = time.perf_counter(), 0
             for i in range(CALLS):
                 operation(bm, i)
-            best = min(best, time.perf_counter() - start)
+                done, elapsed = i + 1, time.perf_counter() - start
+                if elapsed > bound * CALLS:
+                    break
+            best = min(best, elapsed / done)
         finally:
             if enabled:
                 gc.enable()
@@ -149,13 +156,14 @@ def _constant_time(cls: type, block_size: int, prepare: tuple[str, Callable],
     (setup, before), (call, action) = prepare, operation
     steps = f"bm = BlockManager({LARGE}, {block_size}){setup} and {CALLS} calls of {call}"
     try:
-        small = _best_seconds(cls, SMALL, block_size, before, action) / CALLS
-        large = _best_seconds(cls, LARGE, block_size, before, action) / CALLS
+        small = _seconds_per_call(cls, SMALL, block_size, before, action)
+        bound = max(5 * small, small + 5e-6)  # five times as long, and by 5 us a call at least
+        large = _seconds_per_call(cls, LARGE, block_size, before, action, bound)
     except AssertionError:
         raise
     except Exception as exc:
         raise AssertionError(f"After {steps}: it raised {type(exc).__name__}: {exc}") from None
-    if large > 5 * small and large - small > 5e-6:
+    if large > bound:
         raise AssertionError(
             f"After {steps}: they took {large * 1e6:,.1f} us per call, against "
             f"{small * 1e6:,.1f} us on a pool of {SMALL:,} blocks ({large / small:,.0f} times "

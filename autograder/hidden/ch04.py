@@ -32,6 +32,7 @@ from autograder.checks.ch04 import (
     _differ,
     _Harness,
     _key,
+    _revival_cases,
     check_block_key,
     check_free,
 )
@@ -324,14 +325,16 @@ def _keyed_by_the_course(cls: type) -> type:
 
 @thorough
 def check_allocate_thoroughly(cls: type) -> None:
-    """The visible scenarios (hits waiting in the free queue among them), then random prompts
-    with shared prefixes and salts into random small pools, with appends and frees between
-    them. allocate builds on block_key and prefix_keys too: it is judged with the course's keys
-    first, so that a wrong key costs its own TODO alone, and where that fails, with the
-    learner's own (which another canonical encoding needs)."""
+    """The visible scenarios (hits waiting in the free queue among them), revived blocks counted
+    against capacity (a scenario of free's visible test), then random prompts with shared
+    prefixes and salts into random small pools, with appends and frees between them. allocate
+    builds on block_key and prefix_keys too: it is judged with the course's keys first, so
+    that a wrong key costs its own TODO alone, and where that fails, with the learner's own
+    (which another canonical encoding needs)."""
 
     def check(subject: type) -> None:
         _allocate_cases(subject)
+        _revival_cases(subject)  # the stateful run finds a revival left uncounted only late
         _stateful(subject, {"append", "free"})  # frees put cached blocks back to be revived
 
     others = ("_take_block", "append_slot", "free")
