@@ -303,7 +303,7 @@ def cases(outside: Outside) -> dict[str, tuple[str, nbformat.NotebookNode | byte
         "renamed-test": (name["02"], _edited("02", _rename_first_test), f["02"]),
         "tests-ungraded-and-unlocked": (name["05"], _edited("05", _ungrade_tests), f["05"]),
         "unlocked-cells": (name["06"], _edited("06", _unlock_everything), f["06"]),
-        "duplicated-tests": (name["07"], _edited("07", _duplicate_tests), f["07"]),
+        "duplicated-tests": (name["09"], _edited("09", _duplicate_tests), f["09"]),
         "fake-outputs": (name["08"], _fake_outputs("08"), 0.0),
         "patched-checks": (name["01"], broken("01", _OBFUSCATED_PATCH, wrong_answer=True),
                            f["01"] - 3),
