@@ -358,13 +358,20 @@ def _installs_from(repository: str, wheel: str) -> str:
 
 
 def _translations(check: bool) -> int:
-    from autograder.translation import TRANSLATED, compendium, domains, in_language, stale, update
+    from autograder.translation import (
+        TRANSLATED,
+        catalogue_path,
+        compendium,
+        domains,
+        stale,
+        update,
+    )
 
     left = 0
     known = {language: compendium(language) for language in TRANSLATED}  # read before writing
     for path, texts in domains().items():
         for language in TRANSLATED:
-            catalogue = in_language(path, language)
+            catalogue = catalogue_path(path, language)
             missing = stale(catalogue, texts) if check else \
                 update(catalogue, texts, language, known[language])
             left += len(missing)

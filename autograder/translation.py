@@ -39,9 +39,9 @@ from course.language import locale_folder, split_template
 
 TRANSLATED = ("zh_CN",)  # the languages the course is translated into
 BRACE = "python-brace-format"
-# What marks a string for translation (``say``: a report's shorthand for ``in_language``;
-# ``tr_later``: a text translated where it is shown).
-MARKS = ("tr", "tr_later", "in_language", "say")
+# What marks a string for translation: a call of one of these functions, by its own name
+# (``tr_later``: a text translated where it is shown).
+MARKS = ("tr", "tr_later", "in_language")
 # The keyword arguments whose strings a reader sees: chart titles and legends, widget labels
 # (of a dict, its keys: a chart's series or ceilings by name).
 LABELS = ("title", "xaxis_title", "yaxis_title", "title_text", "x_title", "y_title", "name",
@@ -392,7 +392,7 @@ def notebook_catalogue(chapter, language: str) -> Path:
     return locale_folder(SOLUTIONS, language) / f"{chapter.name}.po"
 
 
-def in_language(path: Path, language: str) -> Path:
+def catalogue_path(path: Path, language: str) -> Path:
     """A catalogue's path (as ``domains`` gives it) for ``language``."""
     return Path(str(path).replace(f"/{TRANSLATED[0]}/", f"/{language}/"))
 
@@ -479,7 +479,7 @@ def stale(path: Path, texts: list[Text]) -> list[str]:
 def compendium(language: str) -> dict[str, str]:
     """Every current translation into ``language``, from all its catalogues."""
     return {english: chinese for path in domains()
-            for english, chinese in translations(in_language(path, language)).items()}
+            for english, chinese in translations(catalogue_path(path, language)).items()}
 
 
 def translations(path: Path) -> dict[str, str]:

@@ -21,16 +21,16 @@ from autograder.translation import (
     TRANSLATED,
     Text,
     build,
+    catalogue_path,
     domains,
     glossary,
-    in_language,
     notebook_catalogue,
     stale,
     update,
 )
 from course.language import Catalogue, split_template
 
-CATALOGUES = [(in_language(path, language), texts) for path, texts in domains().items()
+CATALOGUES = [(catalogue_path(path, language), texts) for path, texts in domains().items()
               for language in TRANSLATED]
 
 
