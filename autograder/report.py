@@ -102,24 +102,25 @@ def failure_message(outputs: list | None) -> str:
 
 def format_report(result: NotebookResult) -> str:
     """A per-test table with the hint under each failing test."""
-    def say(text: str) -> str:
-        return in_language(text, result.language)
-
+    language = result.language
     who = f" ({result.learner})" if result.learner else ""
     if not result.graded:
-        return f"{result.notebook}{who}: " + say(
-            f"chapter {result.chapter or '?'}, not graded: {result.error}")
-    width = max(columns(text) for text in [say("test"), *(t.id for t in result.tests)])
+        return f"{result.notebook}{who}: " + in_language(
+            f"chapter {result.chapter or '?'}, not graded: {result.error}", language)
+    headings = in_language("test", language), in_language("points", language)
+    width = max(columns(text) for text in [headings[0], *(t.id for t in result.tests)])
     lines = [f"{result.notebook}{who}: "
-             + say(f"chapter {result.chapter}, graded on {result.runtime}"),
-             f"  {aligned(say('test'), -width)}  {aligned(say('points'), 9)}  {say('result')}"]
+             + in_language(f"chapter {result.chapter}, graded on {result.runtime}", language),
+             f"  {aligned(headings[0], -width)}  {aligned(headings[1], 9)}  "
+             + in_language("result", language)]
+    hint = in_language("hint:", language)
     for test in result.tests:
         points = f"{test.points:g} / {test.max_points:g}"
-        verdict = say("pass") if test.passed else say("FAIL")
+        verdict = in_language("pass", language) if test.passed else in_language("FAIL", language)
         lines.append(f"  {aligned(test.id, -width)}  {points:>9}  {verdict}")
         if test.message:
-            lines += _wrap(test.message, "      " + say("hint:") + " ", "            ")
-    lines.append("  " + say(f"score: {result.score:g} / {result.max_score:g}"))
+            lines += _wrap(test.message, "      " + hint + " ", "            ")
+    lines.append("  " + in_language(f"score: {result.score:g} / {result.max_score:g}", language))
     return "\n".join(lines)
 
 
