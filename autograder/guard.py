@@ -11,7 +11,8 @@ lambda *a, **k: True``) or swap a checks module in ``sys.modules``. Two defences
    naming anything that changed since, so the test scores zero.
 2. ``suspicious_code`` runs in the grader's own process on the submitted source: a cell the
    learner wrote or changed that mentions the grader, the gradebook or ``sys.modules``, or
-   rebinds builtins, is reported, and the notebook scores zero (see ``pipeline``).
+   rebinds builtins, is reported, and the notebook scores zero
+   (``autograder.autograde.flagged_line``).
 
 Limits, stated plainly: code running in the grading kernel can always defeat in-process
 checks with enough effort (for example by patching this module before ``verify`` runs). These

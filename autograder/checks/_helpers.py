@@ -47,10 +47,6 @@ def describe_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> str:
     return f"{getattr(fn, '__name__', 'your function')}({args})"
 
 
-def _not_written(fn: Callable[..., Any]) -> str:
-    return not_written(getattr(fn, "__name__", "this function"))
-
-
 def not_written(name: str) -> str:
     """The hint for a TODO whose stub still raises NotImplementedError."""
     return (f"{name} is not written yet: replace `raise NotImplementedError()` in its cell "
@@ -76,42 +72,9 @@ def learner_call(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -
         raise LearnerRaised(f"{name}(...) raised {first[:400]}") from exc
 
 
-def expect_equal(
-    fn: Callable[..., Any],
-    kwargs: dict[str, Any],
-    expected: Any,
-    idea: str,
-    mistakes: Iterable[tuple[Any, str]] = (),
-    rel_tol: float = 1e-9,
-) -> None:
-    """Assert ``fn(**kwargs) == expected`` (numbers within ``rel_tol``).
-
-    On failure the hint names the call, the expected and returned values, the idea, and, when
-    the returned value is what a known mistake gives on this input (``mistakes``: pairs of
-    that value and what the mistake misses), what it misses.
-    """
-    try:
-        got = fn(**kwargs)
-    except NotImplementedError:
-        raise AssertionError(_not_written(fn)) from None
-    except Exception as exc:
-        raise AssertionError(f"{describe_call(fn, kwargs)} raised {type(exc).__name__}: {exc}, "
-                             f"expected {_short(expected)}. {idea}") from exc
-    if _same(got, expected, rel_tol):
-        return
-    message = f"{describe_call(fn, kwargs)} returned {_short(got)}, expected {_short(expected)}. "
-    likely = [text for value, text in mistakes
-              if value is not None and _same(got, value, rel_tol)]
-    if len(likely) == 1:
-        message += likely[0] + " "
-    elif likely:  # several known mistakes give this value on this input: name them all
-        message += "Perhaps: " + " Or: ".join(likely) + " "
-    raise AssertionError(message + idea)
-
-
 def mistakes(formulas: Iterable[Diagnosis], kwargs: dict[str, Any]) -> list[tuple[Any, str]]:
     """What each known wrong formula gives on ``kwargs`` (None where it does not apply), with
-    what it misses: the ``mistakes`` of ``expect_equal``."""
+    what it misses: the ``mistakes`` of ``autograder.checks._contract.expect``."""
     found = []
     for wrong, text in formulas:
         try:
@@ -120,27 +83,6 @@ def mistakes(formulas: Iterable[Diagnosis], kwargs: dict[str, Any]) -> list[tupl
             value = None
         found.append((value, text))
     return found
-
-
-def expect_raises(
-    fn: Callable[..., Any],
-    kwargs: dict[str, Any],
-    errors: tuple[type[BaseException], ...],
-    idea: str,
-) -> None:
-    """Assert ``fn(**kwargs)`` raises one of ``errors``; the hint says what it did instead."""
-    names = " or ".join(e.__name__ for e in errors)
-    try:
-        got = fn(**kwargs)
-    except errors:
-        return
-    except NotImplementedError:
-        raise AssertionError(_not_written(fn)) from None
-    except Exception as exc:
-        raise AssertionError(f"{describe_call(fn, kwargs)} raised {type(exc).__name__}: {exc}; "
-                             f"expected {names}. {idea}") from exc
-    raise AssertionError(f"{describe_call(fn, kwargs)} returned {_short(got)}, expected it to "
-                         f"raise {names}. {idea}")
 
 
 def _settings(max_examples: int, **extra: Any) -> Any:
