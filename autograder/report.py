@@ -107,11 +107,11 @@ def format_report(result: NotebookResult) -> str:
     if not result.graded:
         return f"{result.notebook}{who}: " + in_language(
             f"chapter {result.chapter or '?'}, not graded: {result.error}", language)
-    headings = in_language("test", language), in_language("points", language)
-    width = max(columns(text) for text in [headings[0], *(t.id for t in result.tests)])
+    test_heading, points_heading = in_language("test", language), in_language("points", language)
+    width = max(columns(text) for text in [test_heading, *(t.id for t in result.tests)])
     lines = [f"{result.notebook}{who}: "
              + in_language(f"chapter {result.chapter}, graded on {result.runtime}", language),
-             f"  {aligned(headings[0], -width)}  {aligned(headings[1], 9)}  "
+             f"  {aligned(test_heading, -width)}  {aligned(points_heading, 9)}  "
              + in_language("result", language)]
     hint = in_language("hint:", language)
     for test in result.tests:

@@ -136,10 +136,10 @@ def _seconds_per_call(cls: type, num_blocks: int, block_size: int, prepare: Call
         enabled = gc.isenabled()
         gc.disable()
         try:
-            start, done = time.perf_counter(), 0
-            for i in range(CALLS):
-                operation(bm, i)
-                done, elapsed = i + 1, time.perf_counter() - start
+            start = time.perf_counter()
+            for done in range(1, CALLS + 1):
+                operation(bm, done - 1)
+                elapsed = time.perf_counter() - start
                 if elapsed > bound * CALLS:
                     break
             best = min(best, elapsed / done)
