@@ -9,8 +9,8 @@ English one and its catalogue. What is collected::
                                 in code cells, comments, docstrings (paragraph by paragraph)
                                 and the strings a cell prints
         -> solutions/locale/<language>/LC_MESSAGES/NN_slug.po
-    autograder/checks/chNN.py   every string that reads as prose (not docstrings): hints,
-    autograder/hidden/chNN.py   ideas, the pieces they are made of
+    autograder/checks/chNN*.py  every string that reads as prose (not docstrings): hints,
+    autograder/hidden/chNN*.py  ideas, the pieces they are made of
         -> autograder/locale/<language>/LC_MESSAGES/chNN.po
     autograder/<grader>.py      the grader's messages and reports -> .../grader.po
     course/*.py                 what the library marks with ``tr(...)`` -> course/locale/...
@@ -51,8 +51,9 @@ GLOSSARY = REPO / "docs" / "glossary.zh_CN.md"
 # The grader's own modules whose messages a learner reads (the chapters' checks have their own
 # catalogues).
 GRADER_MODULES = ("checks/_helpers.py", "checks/_contract.py", "checks/_memory_audit.py",
-                  "checks/_harness.py", "private.py", "borrowing.py", "guard.py",
-                  "autograde.py", "report.py", "feedback.py", "submission.py", "chapters.py")
+                  "checks/_harness.py", "checks/_tensors.py", "private.py", "borrowing.py",
+                  "guard.py", "autograde.py", "report.py", "feedback.py", "submission.py",
+                  "chapters.py")
 _DIRECTIVE = re.compile(r"^#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)|^#!|^#\s*(noqa|type:)")
 
 
@@ -374,7 +375,7 @@ def domains() -> dict[Path, list[Text]]:
         found[locale_folder(SOLUTIONS, language) / f"{chapter.name}.po"] = \
             notebook_texts(chapter.source)
         number = chapter.number
-        modules = [grader / "checks" / f"ch{number}.py",
+        modules = [*sorted((grader / "checks").glob(f"ch{number}*.py")),
                    *sorted((grader / "hidden").glob(f"ch{number}*.py"))]
         found[locale_folder(grader, language) / f"ch{number}.po"] = [
             t for m in modules if m.exists() for t in module_texts(m)]

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import torch
 
 from autograder.checks._helpers import learner_call
+from autograder.checks._tensors import expect_attention_output
 from autograder.private import private, visible
-from course.paged_cases import PagedCase, dtype_name
+from course.paged_cases import PagedCase
 
 # (atol, rtol). An fp16 output must be the exact answer rounded to fp16 (what fp32
 # arithmetic gives): within 2^-10 of it, relatively; fp16 arithmetic misses by more.
@@ -41,14 +42,7 @@ def _check_attention_output(out, case: PagedCase, name: str, expected: torch.Ten
     """``out`` against ``expected`` ([num_seqs, q_heads, head_dim], float64); ``known()``
     gives what the known mistakes compute (``no_scale``, ``kv_head_modulo``); ``earlier``
     names an earlier TODO the code under test calls, for a failure no diagnosis explains."""
-    if not isinstance(out, torch.Tensor) or out.shape != case.query.shape:
-        raise AssertionError(f"{name} on {case.describe()} returned "
-                             f"{getattr(out, 'shape', type(out).__name__)}, expected a tensor of "
-                             f"shape {tuple(case.query.shape)}.")
-    if out.dtype != case.query.dtype:
-        raise AssertionError(f"{name} on {case.describe()} returned {dtype_name(out.dtype)} "
-                             f"for a {dtype_name(case.query.dtype)} query: the output is in the "
-                             "query's dtype (the arithmetic in between is fp32).")
+    expect_attention_output(out, name, case.describe(), case.query)
     if out.isnan().any():
         raise AssertionError(f"{name} on {case.describe()} returned NaN: garbage from slots "
                              "the sequence does not hold leaked in (the tests fill every "
@@ -214,15 +208,8 @@ def _blockwise(fn: Callable, case: PagedCase, expected: torch.Tensor,
             for s in range(len(case.lengths))]
     shape = tuple(case.query.shape[1:])
     for out in outs:
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
-            raise AssertionError(f"blockwise_decode_attention on {case.describe()} returned "
-                                 f"{getattr(out, 'shape', type(out).__name__)}, expected a "
-                                 f"tensor of shape {shape} (one sequence's query heads).")
-        if out.dtype != case.query.dtype:
-            raise AssertionError(
-                f"blockwise_decode_attention on {case.describe()} returned "
-                f"{dtype_name(out.dtype)} for a {dtype_name(case.query.dtype)} query: the "
-                "output is in the query's dtype (the arithmetic in between is fp32).")
+        expect_attention_output(out, "blockwise_decode_attention", case.describe(), case.query,
+                                shape, " (one sequence's query heads)")
     _check_attention_output(torch.stack(outs), case, "blockwise_decode_attention", expected,
                             known, earlier="merge_partials")
 
@@ -275,11 +262,10 @@ def _steps(fn: Callable, ask: Callable, prompts, steps, block_size, q_heads, kv_
     for step, (seq_lens, query, key, value) in enumerate(inputs):
         out = learner_call("decode_step", fn, query, key, value, case.k_cache, case.v_cache,
                            case.tables, seq_lens, case.scale)
-        where = (f"decode_step, prompts of {prompts} tokens, block size {block_size}, decode "
-                 f"step {step + 1} (seq_lens {seq_lens.tolist()})")
-        if not isinstance(out, torch.Tensor) or out.shape != query.shape:
-            raise AssertionError(f"{where}: returned {getattr(out, 'shape', type(out).__name__)}"
-                                 f", expected a tensor of shape {tuple(query.shape)}.")
+        steps = (f"prompts of {prompts} tokens, block size {block_size}, decode step "
+                 f"{step + 1} (seq_lens {seq_lens.tolist()})")
+        expect_attention_output(out, "decode_step", steps, query)
+        where = f"decode_step, {steps}"
         for s in range(len(prompts)):
             want, older = wanted["outputs"][step][s], wanted["without_newest"][step][s]
             if not out[s].isnan().any() and torch.allclose(out[s], want, atol=1e-5, rtol=1e-4):

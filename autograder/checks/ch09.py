@@ -16,7 +16,8 @@ import torch
 
 from autograder.checks._helpers import LearnerRaised, learner_call
 from autograder.checks._memory_audit import MemoryAudit, nearest
-from autograder.checks.ch07 import quiet, store_finding
+from autograder.checks._tensors import expect_attention_output
+from autograder.checks.ch07_audit import quiet, store_finding
 from autograder.private import private, visible
 from course.chunked_engine import ChunkedEngine, engine_requests, serve_chunked
 from course.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Schedule
@@ -255,13 +256,8 @@ def compare_attention(out, case: VarlenCase, name: str, answers: dict,
     against the known mistakes in ``answers`` (each query token's rows as that mistake
     computes them)."""
     shape = tuple(case.query.shape)
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
-        raise AssertionError(f"{name}(...) on {case.describe()} returned "
-                             f"{getattr(out, 'shape', type(out).__name__)}, expected shape "
-                             f"{shape} (one row per packed query token). {ATTENTION_IDEA}")
-    if out.dtype != case.query.dtype:
-        raise AssertionError(f"{name}(...) on {case.describe()} returned {out.dtype}; the "
-                             f"output has the query's dtype, {case.query.dtype}.")
+    expect_attention_output(out, f"{name}(...)", case.describe(), case.query,
+                            layout=" (one row per packed query token)", idea=ATTENTION_IDEA)
     want = answers["want"]
     bad = [t for t in range(shape[0]) if out[t].isnan().any()
            or not _close(out[t], want[t], case.dtype, rounded)]

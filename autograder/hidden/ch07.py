@@ -28,29 +28,21 @@ import torch
 
 from autograder.checks._helpers import learner_call
 from autograder.checks._memory_audit import MemoryAudit
-from autograder.checks.ch06 import PagedCase, dtype_name
-from autograder.checks.ch07 import (
+from autograder.checks.ch07 import _addresses_in_int64, _kernel, _merge, _split, merge_inputs
+from autograder.checks.ch07_audit import quiet
+from autograder.checks.ch07_cases import close, compare, gpu_twin
+from autograder.checks.ch07_wrapper import (
     ACCEPTED,
     BAD_INPUTS,
     ON_GPU_ONLY,
-    KernelCase,
     _accepts,
-    _addresses_in_int64,
-    _close,
-    _compare,
-    _kernel,
-    _merge,
     _raises,
-    _split,
     _wrapper,
-    gpu_twin,
-    merge_inputs,
-    on_gpu,
-    quiet,
 )
 from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.hidden.ch07_gpu import check_production_shapes
 from autograder.private import thorough
+from course.paged_cases import KernelCase, PagedCase, dtype_name, on_gpu
 from kernels import paged_attention as course_kernels
 from kernels.paged_attention import launch
 from kernels.paged_attention_ref import paged_decode_attention as chapter6_attention
@@ -277,7 +269,7 @@ def _built_to_show(fn: Callable, name: str, case: KernelCase, per_query_head: bo
     with MemoryAudit(), quiet():  # fenced: a store outside the arguments is dropped
         out = learner_call(name, launch, fn, *case.arguments(), per_query_head=per_query_head)
     if not isinstance(out, torch.Tensor) or out.shape != want.shape or \
-            not _close(out, want, case.dtype):
+            not close(out, want, case.dtype):
         raise AssertionError(f"{name}(...) on {case.describe()} is wrong. {rule}")
 
 
@@ -371,7 +363,7 @@ def check_paged_attention_kernel_thoroughly(fn: Callable) -> None:
 def _thorough_split(fn: Callable, case: KernelCase, num_splits: int) -> None:
     """The partials, then the output they merge to against chapter 6's attention."""
     partials = _split(fn, case, num_splits, _expected_partials(case, num_splits))
-    _compare(_merged(partials, case.query.dtype), case, "merged split_kv_kernel",
+    compare(_merged(partials, case.query.dtype), case, "merged split_kv_kernel",
              reference(case), known_mistakes(case))
 
 
@@ -429,7 +421,7 @@ def _wrapper_thoroughly(fn: Callable) -> None:
         _accepts(fn, case, what, want)
     with MemoryAudit(), quiet():  # fenced: a wild store fails the check, not the process
         out = learner_call("paged_attention", fn, *case.arguments(), validate=False)
-    _compare(out, case, "paged_attention", want, {}, call="paged_attention(..., "
+    compare(out, case, "paged_attention", want, {}, call="paged_attention(..., "
              "validate=False)")
     for case, splits in ((_case([1, 37, 100, 0], 4, 8, 2, dtype=torch.float16), None),
                          (_case([37, 5], 4, 4, 1, dtype=torch.bfloat16), None),

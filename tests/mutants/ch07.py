@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from autograder.checks.ch07 import on_gpu
+from course.paged_cases import on_gpu
 from kernels import paged_attention as final
 from kernels import paged_attention_steps as steps
 from kernels import split_kv
@@ -206,7 +206,7 @@ _WRAPPER = [(_skips_validation, "expected TypeError"),
             (_lengths_unchecked, "what a table row covers"),
             (_whole_rows_checked, "the rest of a row is padding and never read"),
             (_views_refused, "the kernel is given the caches' block, token and head strides"),
-            (_returns_float32, "the output has the query's dtype")]
+            (_returns_float32, "the output is in the query's dtype")]
 if not on_gpu():  # a GPU computes in bf16: only the interpreter needs the upcast
     _WRAPPER.append((_bf16_on_the_interpreter, "no bf16 arithmetic"))
 
