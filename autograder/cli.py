@@ -234,9 +234,11 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
 def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str] | None = None,
                  times: dict | None = None) -> int:
     from autograder.classroom import ClassRun, grade_class
+    from autograder.gradebook import prepare_for_nbgrader
     from autograder.layouts import collect, read_roster
     from autograder.recording import ClassCourse
 
+    prepare_for_nbgrader()  # before the hand-ins are read: nbformat's notices about their ids
     try:
         roster = read_roster(args.roster) if args.roster else None
     except (OSError, ValueError) as exc:

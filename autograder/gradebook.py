@@ -22,18 +22,22 @@ from sqlalchemy.exc import SAWarning
 
 from autograder.configuration import COURSE_ID
 
-# nbgrader's gradebook API trips SQLAlchemy's session warnings on reads and writes alike; they
-# say nothing to an instructor, and on stderr they would bury the error lines that matter.
-# Likewise nbformat's notices that it gave a learner's copied or id-less cells new ids. Set
-# once for the process (``catch_warnings`` is not thread-safe, and grading uses threads).
-for _quiet in (SAWarning, DuplicateCellId, MissingIDFieldWarning):
-    warnings.filterwarnings("ignore", category=_quiet)
 
-# nbgrader creates and upgrades a gradebook by running `alembic`, found on PATH: this
-# environment's bin comes first (the grader may run from an environment not activated).
-_BIN = str(Path(sys.executable).parent)
-if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
-    os.environ["PATH"] = os.pathsep.join([_BIN, os.environ.get("PATH", "")])
+def prepare_for_nbgrader() -> None:
+    """Ready this process to run nbgrader's API; safe to call again.
+
+    nbgrader's gradebook API trips SQLAlchemy's session warnings on reads and writes alike;
+    they say nothing to an instructor, and on stderr they would bury the error lines that
+    matter. Likewise nbformat's notices that it gave a learner's copied or id-less cells new
+    ids. They are silenced for the whole process (``catch_warnings`` is not thread-safe, and
+    grading uses threads). nbgrader creates and upgrades a gradebook by running ``alembic``,
+    found on PATH: this environment's bin goes first (the grader may run from an environment
+    not activated)."""
+    for quiet in (SAWarning, DuplicateCellId, MissingIDFieldWarning):
+        warnings.filterwarnings("ignore", category=quiet)  # a repeated filter is not added twice
+    here = str(Path(sys.executable).parent)
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([here, os.environ.get("PATH", "")])
 
 
 class GradebookTampered(RuntimeError):

@@ -40,7 +40,7 @@ from traitlets import Unicode
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from autograder.gradebook import ClassGradebook
+from autograder.gradebook import ClassGradebook, prepare_for_nbgrader
 
 
 class Replay(NbGraderPreprocessor):
@@ -67,6 +67,7 @@ class ClassCourse:
     (its ``nbgrader_config.py``) and its gradebook (``db_url``, where one is given)."""
 
     def __init__(self, root: Path, db_url: str | None = None) -> None:
+        prepare_for_nbgrader()
         self.root = root.resolve()
         config = Config()
         if (self.root / "nbgrader_config.py").exists():

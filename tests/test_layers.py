@@ -51,3 +51,26 @@ def test_a_chapter_s_own_tests_are_named_after_a_chapter_of_the_table():
                 if re.fullmatch(r"test_ch\d+.*\.py", path.name)}
     assert own, "the table's pattern finds no chapter's tests"
     assert sorted(path.name for path in numbered - own) == []
+
+
+def test_importing_a_grader_module_changes_nothing_in_the_process():
+    """A module that edits the process (its environment, its warnings filters) when imported
+    does so in whatever imports it, a learner's kernel included: what a process needs is set
+    by a call that says so (``gradebook.prepare_for_nbgrader``). The libraries are imported
+    first, so that only the grader's own modules are measured."""
+    modules = sorted(f"autograder.{p.stem}" for p in (REPO / "autograder").glob("*.py")
+                     if p.stem not in {"__init__", "__main__"})
+    modules += sorted(f"autograder.{p.parent.name}.{p.stem}"
+                      for folder in ("checks", "hidden")
+                      for p in (REPO / "autograder" / folder).glob("*.py"))
+    script = (
+        "import os, sys, warnings\n"
+        "import nbformat, nbgrader.api, nbgrader.apps, sqlalchemy, torch, numpy, triton\n"
+        "before = dict(os.environ), list(warnings.filters)\n"
+        f"for name in {modules!r}:\n"
+        "    __import__(name)\n"
+        "    if (dict(os.environ), list(warnings.filters)) != before:\n"
+        "        sys.exit(f'importing {name} changed the process')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
