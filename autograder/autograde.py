@@ -11,7 +11,8 @@
 
 ``Grader.autograde`` takes a ``Job`` (the chapter's source notebook as text, the learner's
 notebook, who and what it is) and gives back an ``Outcome`` (the result of every test, and
-the executed notebook for the feedback page). It touches no class files, reads no file it is
+the executed notebook for the feedback page), through ``STEPS``: rebuild, flag, strip
+demonstrations, place, run, read scores, report. It touches no class files, reads no file it is
 not given, and can run on another machine (``autograder.cluster``). nbgrader runs under
 ``sandbox.run`` (time, memory, and nothing outliving it), and its kernel, the one process
 that runs learner code, in the bubblewrap sandbox (``autograder.kernel``): its working folder
@@ -25,9 +26,9 @@ learner wrote that reach for the grader, and such a notebook scores zero.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-import datetime as dt
 import hashlib
 import json
 import os
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -77,37 +79,34 @@ class Job:
 class Outcome:
     result: NotebookResult
     executed: dict | None = None  # the graded notebook, for the feedback page
-    timings: dict[str, float] = field(default_factory=dict)  # seconds, by part (``breakdown``)
+    # wall-clock times (time.time()) when each step ended, "run started" when nbgrader's last
+    # run began, and "armed" when the kernel began and ended arming (written in the sandbox);
+    # for ``python -m autograder bench --breakdown``, which reads them with the executed
+    # notebook's cell times
+    marks: dict[str, float | list[float]] = field(default_factory=dict)
 
 
-def breakdown(copy: float, started: float, ended: float, stamps: Path,
-              executed: nbformat.NotebookNode) -> dict[str, float]:
-    """Where one notebook's grading time went: copying its course, nbgrader and the kernel
-    starting, the imports and set-up before the first cell (``arming``), the notebook's own
-    cells (set-up, answers, demonstrations), the test cells, and nbgrader after the last cell.
-    ``started`` and ``ended`` are the wall-clock times around nbgrader; ``stamps`` holds the
-    kernel's times around arming (written in the sandbox: when it is not two times, arming
-    counts as nbgrader's)."""
-    try:
-        armed_from, armed_to = map(float, json.loads(stamps.read_text()))
-    except (OSError, ValueError, TypeError):
-        armed_from = armed_to = started
-    cells, tests, first, last = 0.0, 0.0, None, None
-    for cell in executed.cells:
-        times = cell.get("metadata", {}).get("execution", {})
-        if "iopub.execute_input" not in times or "shell.execute_reply" not in times:
-            continue
-        began = dt.datetime.fromisoformat(times["iopub.execute_input"]).timestamp()
-        done = dt.datetime.fromisoformat(times["shell.execute_reply"]).timestamp()
-        first, last = first or began, done
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
-            tests += done - began
-        else:
-            cells += done - began
-    return {"course copy": copy, "nbgrader and kernel start": armed_from - started,
-            "imports and set-up": armed_to - armed_from,
-            "notebook's own cells": cells, "test cells": tests,
-            "nbgrader after the last cell": ended - (last or ended)}
+@dataclass
+class Grading:
+    """One submission on its way through ``STEPS``: what the steps found so far."""
+
+    job: Job
+    tests: list[tuple[str, float]]  # (grade id, points) of every test cell of the chapter
+    released: nbformat.NotebookNode  # the notebook nbgrader released for the chapter
+    template: Path
+    notebook: nbformat.NotebookNode | None = None  # the learner's, rebuilt on the release
+    to_run: nbformat.NotebookNode | None = None  # that, less its unchanged demonstrations
+    work: Path | None = None  # the submission's course
+    scratch: Path | None = None  # its kernel's own folder
+    log: str = ""  # what nbgrader's last run said
+    scores: dict[str, float] | None = None  # grade id -> points, as nbgrader recorded them
+    executed: nbformat.NotebookNode | None = None  # the notebook as nbgrader ran it
+    marks: dict[str, float | list[float]] = field(default_factory=dict)
+
+    @property
+    def submitted(self) -> Path:
+        return self.work / "submitted" / self.job.learner / self.job.chapter / \
+            f"{self.job.chapter}.ipynb"
 
 
 def cache_folder() -> Path:
@@ -150,86 +149,39 @@ class Grader:
 
     def released(self, chapter: str, source: str) -> nbformat.NotebookNode:
         """The learner notebook nbgrader releases for a chapter's source."""
-        return nbformat.read(self.template(chapter, source) / "release" / chapter /
-                             f"{chapter}.ipynb", as_version=4)
+        return _released(self.template(chapter, source), chapter)
 
     def autograde(self, job: Job) -> Outcome:
-        """Grade one submission in a copy of its chapter's template. Raises ``NotGradable``
-        (nbgrader could not grade it) and ``restore.Unmatched`` (no answer cell of it could be
-        matched); a notebook that flags, hangs or crashes gets zero with the reason."""
+        """Grade one submission in a copy of its chapter's template, step by step
+        (``STEPS``). Raises ``NotGradable`` (nbgrader could not grade it) and
+        ``restore.Unmatched`` (no answer cell of it could be matched); a notebook that flags,
+        hangs or crashes gets zero with the reason."""
         template = self.template(job.chapter, job.source)
-        tests = _test_cells(job.source)
-        released = self.released(job.chapter, job.source)
-        rebuilt = rebuild(nbformat.from_dict(job.notebook), released)
-        flagged = flagged_line(rebuilt.notebook, released, released_lines(job.chapter))
-        if flagged:
-            return self._zero(job, tests, f"not graded: a cell of this notebook reaches for "
-                                          f"the grader ({flagged!r}); remove it and resubmit",
-                              rebuilt.notebook)
-        copying = time.monotonic()
-        work = Path(tempfile.mkdtemp(prefix="kv-course-learner-"))
-        # the kernel's own folder, the one besides its working folder that the sandbox lets
-        # it write: its connection file and sockets, HOME, caches, timings (a short path: a
-        # Unix socket's must fit 107 bytes)
-        scratch = Path(tempfile.mkdtemp(prefix="kv-k-"))
+        grading = Grading(job, _test_cells(job.source), _released(template, job.chapter),
+                          template)
         try:
-            # not the instructor's notebook (source/): nbgrader restores cells from the
-            # gradebook, which only nbgrader sees (the kernel sees its own folders alone)
-            shutil.copytree(template, work, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("source"))
-            _configure(work, self.limits, self.course_id, scratch)
-            path = work / "submitted" / job.learner / job.chapter / f"{job.chapter}.ipynb"
-            path.parent.mkdir(parents=True)
-            nbformat.write(without_demonstrations(rebuilt.notebook, released), path)
-            copy = time.monotonic() - copying
-            stamps = scratch / "timings.json"
-            for _ in range(_CRASH_RETRIES + 1):
-                (work / "scores.json").unlink(missing_ok=True)
-                started = time.time()
-                try:
-                    log = nbgrader(work, ["autograde", job.chapter, "--student", job.learner,
-                                          "--force"], self.limits.notebook_timeout,
-                                   self.limits, environment={
-                                       TIMINGS: str(stamps), LANGUAGE_SETTING: job.language,
-                                       SCORES: str(work / "scores.json")})
-                except subprocess.TimeoutExpired:
-                    return self._zero(job, tests,
-                                      f"not graded: the notebook ran past its "
-                                      f"{self.limits.notebook_timeout} s limit (look for an "
-                                      "endless loop or a very slow cell)", rebuilt.notebook)
-                if "Kernel died" not in log:
+            for name, step in STEPS:  # the last, ``report``, always gives an outcome
+                outcome = step(self, grading)
+                grading.marks[name] = time.time()
+                if outcome is not None:
                     break
-                crashed = self._crashing_cell(path, scratch, job.source)
-                if crashed is None or not _neutralise(path, crashed, job.source):
-                    return self._zero(job, tests, "not graded: the Python kernel crashed (a "
-                                                  "segfault or an exit) in a test or given cell",
-                                      rebuilt.notebook)
-            executed = work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
-            scores = _scores(work / "scores.json")
-            if scores is None or not executed.exists():
-                errors = [line for line in log.splitlines() if "ERROR" in line]
-                said = [line.strip() for line in log.splitlines() if line.strip()]
-                reason = errors[0].split("]", 1)[-1].strip() if errors else \
-                    " / ".join(said[-3:]) or "it wrote nothing"
-                raise NotGradable(f"nbgrader could not grade it ({reason})")
-            ended = time.time()
-            notebook = nbformat.read(executed, as_version=4)
-            return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
-                                     scores, notebook, language=job.language), notebook,
-                           breakdown(copy, started, ended, stamps, notebook))
+            outcome.marks = grading.marks
+            return outcome
         finally:
-            shutil.rmtree(work, ignore_errors=True)
-            shutil.rmtree(scratch, ignore_errors=True)
+            for folder in (grading.work, grading.scratch):
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
 
-    def _zero(self, job: Job, tests: list[tuple[str, float]], reason: str,
-              notebook: nbformat.NotebookNode) -> Outcome:
+    def zero(self, grading: Grading, reason: str) -> Outcome:
         """Zero for every test, and the notebook as nbgrader should record it: not run, each
         test cell failing with ``reason`` (so nbgrader scores it zero, and the feedback page
         says why)."""
-        return Outcome(result_of(job.chapter, tests, job.learner, job.origin, self.runtime,
-                                 {}, None, reason, job.language), _not_run(notebook, reason))
+        job = grading.job
+        return Outcome(result_of(job.chapter, grading.tests, job.learner, job.origin,
+                                 self.runtime, {}, None, reason, job.language),
+                       _not_run(grading.notebook, reason))
 
-    def _crashing_cell(self, notebook: Path, scratch: Path, source: str) -> int | None:
+    def crashing_cell(self, notebook: Path, scratch: Path, source: str) -> int | None:
         """The index of the cell that kills the kernel, found by running a copy of the
         notebook as nbgrader runs it (its test and locked cells as ``source`` has them, hidden
         tests included) under the same limits, in a sandbox that sees that copy alone; None
@@ -248,6 +200,120 @@ class Grader:
         finally:
             shutil.rmtree(probe, ignore_errors=True)
         return None if found < 0 else found
+
+
+# --- the steps of grading one submission, in order -------------------------------------------
+
+
+def rebuild_answers(grader: Grader, grading: Grading) -> None:
+    """The learner's answers in the released notebook (``restore.rebuild``): test and locked
+    cells are the course's, whatever the learner did to them."""
+    grading.notebook = rebuild(nbformat.from_dict(grading.job.notebook),
+                               grading.released).notebook
+
+
+def flag(grader: Grader, grading: Grading) -> Outcome | None:
+    """Zero, unrun, for a notebook with a line of the learner's that reaches for the grader
+    (``flagged_line``)."""
+    flagged = flagged_line(grading.notebook, grading.released,
+                           released_lines(grading.job.chapter))
+    if flagged:
+        return grader.zero(grading, f"not graded: a cell of this notebook reaches for the "
+                                    f"grader ({flagged!r}); remove it and resubmit")
+    return None
+
+
+def strip_demonstrations(grader: Grader, grading: Grading) -> None:
+    """Unchanged demonstrations are not run (``without_demonstrations``)."""
+    grading.to_run = without_demonstrations(grading.notebook, grading.released)
+
+
+def place(grader: Grader, grading: Grading) -> None:
+    """The submission's course: a copy of the chapter's template, configured, with the
+    notebook handed in as nbgrader's ``collect`` leaves it; and the kernel's own folder, the
+    one besides its working folder that the sandbox lets it write (its connection file and
+    sockets, HOME, caches, timings; a short path: a Unix socket's must fit 107 bytes)."""
+    grading.work = Path(tempfile.mkdtemp(prefix="kv-course-learner-"))
+    grading.scratch = Path(tempfile.mkdtemp(prefix="kv-k-"))
+    # not the instructor's notebook (source/): nbgrader restores cells from the gradebook,
+    # which only nbgrader sees (the kernel sees its own folders alone)
+    shutil.copytree(grading.template, grading.work, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("source"))
+    _configure(grading.work, grader.limits, grader.course_id, grading.scratch)
+    grading.submitted.parent.mkdir(parents=True)
+    nbformat.write(grading.to_run, grading.submitted)
+
+
+def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
+    """nbgrader's ``autograde`` of the submission under the limits; zero for a notebook past
+    its time limit. A cell that kills the kernel is found (``Grader.crashing_cell``) and kept from
+    running (``_neutralise``), and the notebook run again, up to ``_CRASH_RETRIES`` times;
+    zero when that cell cannot be found or kept from running."""
+    job, limits = grading.job, grader.limits
+    for _ in range(_CRASH_RETRIES + 1):
+        (grading.work / "scores.json").unlink(missing_ok=True)
+        grading.marks["run started"] = time.time()
+        try:
+            grading.log = nbgrader(
+                grading.work, ["autograde", job.chapter, "--student", job.learner, "--force"],
+                limits.notebook_timeout, limits, environment={
+                    TIMINGS: str(grading.scratch / "timings.json"),
+                    LANGUAGE_SETTING: job.language,
+                    SCORES: str(grading.work / "scores.json")})
+        except subprocess.TimeoutExpired:
+            return grader.zero(grading, f"not graded: the notebook ran past its "
+                                        f"{limits.notebook_timeout} s limit (look for an endless "
+                                        "loop or a very slow cell)")
+        if "Kernel died" not in grading.log:  # what nbgrader's executor says of a crash
+            return None
+        crashed = grader.crashing_cell(grading.submitted, grading.scratch, job.source)
+        if crashed is None or not _neutralise(grading.submitted, crashed, job.source):
+            return grader.zero(grading, "not graded: the Python kernel crashed (a segfault or "
+                                        "an exit) in a test or given cell")
+    return None
+
+
+def read_scores(grader: Grader, grading: Grading) -> None:
+    """The scores nbgrader recorded (``autograder.nbgrader_main``) and the notebook as it
+    ran; ``NotGradable``, with nbgrader's own words, when it wrote either not."""
+    job = grading.job
+    executed = grading.work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
+    grading.scores = _scores(grading.work / "scores.json")
+    if grading.scores is None or not executed.exists():
+        lines = grading.log.splitlines()
+        errors = [line for line in lines if "ERROR" in line]
+        said = [line.strip() for line in lines if line.strip()]
+        reason = errors[0].split("]", 1)[-1].strip() if errors else \
+            " / ".join(said[-3:]) or "it wrote nothing"
+        raise NotGradable(f"nbgrader could not grade it ({reason})")
+    grading.executed = nbformat.read(executed, as_version=4)
+    with contextlib.suppress(OSError, ValueError):  # the kernel's times around arming
+        grading.marks["armed"] = json.loads((grading.scratch / "timings.json").read_text())
+
+
+def report(grader: Grader, grading: Grading) -> Outcome:
+    """Every test's result, and the executed notebook for the feedback page."""
+    job = grading.job
+    return Outcome(result_of(job.chapter, grading.tests, job.learner, job.origin,
+                             grader.runtime, grading.scores, grading.executed,
+                             language=job.language), grading.executed)
+
+
+STEPS: tuple[tuple[str, Callable[[Grader, Grading], Outcome | None]], ...] = (
+    ("rebuild", rebuild_answers),
+    ("flag", flag),
+    ("strip demonstrations", strip_demonstrations),
+    ("place", place),
+    ("run", run_nbgrader),
+    ("read scores", read_scores),
+    ("report", report),
+)
+"""Grading one submission: each step reads and fills the ``Grading``; the first to return an
+``Outcome`` ends it (a zero, or the report)."""
+
+
+def _released(template: Path, chapter: str) -> nbformat.NotebookNode:
+    return nbformat.read(template / "release" / chapter / f"{chapter}.ipynb", as_version=4)
 
 
 def _not_run(notebook: nbformat.NotebookNode, reason: str) -> nbformat.NotebookNode:

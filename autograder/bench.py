@@ -13,7 +13,7 @@ and prints notebooks per minute; so does each ``--dask`` address (``local:N``: N
 processes on this machine).
 
 ``--breakdown`` grades each chapter's solution notebook alone (``--repeat`` times, the median
-kept) and prints where its time went (``autograde.breakdown``): copying its course, nbgrader
+kept) and prints where its time went (``parts_of``): copying its course, nbgrader
 and the kernel starting, the imports and set-up before the first cell, the notebook's own
 cells, the test cells, nbgrader after the last cell; and the part that is not the tests.
 
@@ -31,11 +31,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nbformat
 
 from autograder.chapters import chapters
 from autograder.synthetic import BREAKAGES, broken, solved
+
+if TYPE_CHECKING:  # the grader itself is loaded only by what grades
+    from autograder.autograde import Outcome
 
 
 def synthetic_class(folder: Path, learners: int) -> None:
@@ -55,6 +59,35 @@ def synthetic_class(folder: Path, learners: int) -> None:
         nbformat.write(notebook, path)
 
 
+def parts_of(outcome: Outcome) -> dict[str, float]:
+    """Where one notebook's grading time went, from its outcome's marks (``Outcome.marks``)
+    and the executed notebook's cell times: copying its course, nbgrader and the kernel
+    starting, the imports and set-up before the first cell (``arming``; when the kernel
+    wrote no times, they count as nbgrader's), the notebook's own cells (set-up, answers,
+    demonstrations), the test cells, and nbgrader after the last cell."""
+    import datetime as dt
+
+    marks = outcome.marks
+    started = marks["run started"]
+    armed_from, armed_to = marks.get("armed", (started, started))
+    cells, tests, last = 0.0, 0.0, None
+    for cell in outcome.executed.cells:
+        times = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" not in times or "shell.execute_reply" not in times:
+            continue
+        began = dt.datetime.fromisoformat(times["iopub.execute_input"]).timestamp()
+        last = dt.datetime.fromisoformat(times["shell.execute_reply"]).timestamp()
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+            tests += last - began
+        else:
+            cells += last - began
+    return {"course copy": marks["place"] - marks["strip demonstrations"],
+            "nbgrader and kernel start": armed_from - started,
+            "imports and set-up": armed_to - armed_from,
+            "notebook's own cells": cells, "test cells": tests,
+            "nbgrader after the last cell": marks["run"] - (last or marks["run"])}
+
+
 def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
     """Chapter -> part -> seconds (the median of ``repeat`` gradings of its solution)."""
     import statistics
@@ -67,8 +100,9 @@ def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
     for chapter in chapters().values():
         source = chapter.source.read_text(encoding="utf-8")
         grader.template(chapter.name, source)  # released before timing, as grade-all does
-        runs = [grader.autograde(Job(chapter.name, source, "learner", str(chapter.source),
-                                     nbformat.reads(source, as_version=4))).timings
+        runs = [parts_of(grader.autograde(Job(chapter.name, source, "learner",
+                                              str(chapter.source),
+                                              nbformat.reads(source, as_version=4))))
                 for _ in range(repeat)]
         found[chapter.name] = {part: statistics.median(run[part] for run in runs)
                                for part in runs[0]}

@@ -11,6 +11,7 @@ import csv
 import importlib
 import json
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -251,3 +252,46 @@ def test_a_notebook_past_its_time_limit_scores_zero_and_the_next_is_still_graded
     assert slow_result["score"] == 0
     assert all("ran past its 15 s limit" in t["message"] for t in slow_result["tests"])
     assert solution_result["score"] == FULL_MARKS
+
+
+def test_grading_runs_its_named_steps_in_order_and_the_benchmark_reads_their_marks(repo):
+    """A solution goes through every step of ``autograde.STEPS``, in order, each leaving its
+    mark; ``python -m autograder bench --breakdown`` reads where the time went from them, every
+    part of it a real, non-negative span within the grading's own."""
+    from autograder.autograde import STEPS, Grader, Job
+    from autograder.bench import parts_of
+
+    source = (repo / "solutions" / f"{CHAPTER}.ipynb").read_text(encoding="utf-8")
+    grader = Grader()
+    grader.template(CHAPTER, source)
+    began = time.time()
+    outcome = grader.autograde(Job(CHAPTER, source, "ada", "ada.ipynb",
+                                   nbformat.reads(source, as_version=4)))
+    ended = time.time()
+    assert outcome.result.score == FULL_MARKS
+    steps = [name for name, _ in STEPS]
+    marked = [name for name in outcome.marks if name in steps]
+    assert marked == steps
+    assert [outcome.marks[name] for name in steps] == sorted(outcome.marks[n] for n in steps)
+    parts = parts_of(outcome)
+    assert set(parts) == {"course copy", "nbgrader and kernel start", "imports and set-up",
+                          "notebook's own cells", "test cells", "nbgrader after the last cell"}
+    assert all(0 <= seconds < ended - began for seconds in parts.values()), parts
+    assert parts["test cells"] > 0 and "armed" in outcome.marks  # the kernel wrote its times
+    assert sum(parts.values()) <= ended - began
+
+
+def test_a_flagged_notebook_stops_at_the_flag_step(repo):
+    """A step that gives an outcome ends the grading there: a notebook that reaches for the
+    grader scores zero, unrun, and no later step leaves a mark."""
+    from autograder.autograde import Grader, Job
+
+    source = (repo / "solutions" / f"{CHAPTER}.ipynb").read_text(encoding="utf-8")
+    notebook = nbformat.reads(source, as_version=4)
+    answer = next(c for c in notebook.cells
+                  if c.metadata.get("nbgrader", {}).get("solution"))
+    answer.source += "\nimport autograder.hidden.ch01\n"
+    outcome = Grader().autograde(Job(CHAPTER, source, "ada", "ada.ipynb", notebook))
+    assert outcome.result.score == 0
+    assert all("reaches for the grader" in t.message for t in outcome.result.tests)
+    assert list(outcome.marks) == ["rebuild", "flag"]
