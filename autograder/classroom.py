@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 
 from autograder.autograde import Grader, Outcome
 from autograder.chapters import Chapter, NotGradable
-from autograder.layouts import Found, Problem
 from autograder.report import NotebookResult
 from autograder.restore import Unmatched
 from autograder.sandbox import end_all
@@ -99,20 +98,14 @@ class ClassRun:
     stopped: str = ""  # why the run stopped before the end (Ctrl-C, the gradebook changed)
 
 
-def grade_class(run: ClassRun, found: list[Found], problems: list[Problem],
-                progress: bool = True) -> list[Submission]:
+def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
+                ) -> list[Submission]:
     """Grade a class (see the module's docstring); return every submission, in a stable
     order. Stopped (Ctrl-C, or the gradebook written by another program), it says why in
     ``run.stopped``, and still writes the CSV and JSON of what it did."""
     from autograder.gradebook import GradebookTampered
     from autograder.recording import NotRecorded
 
-    entries = [Submission(f.origin, f.learner, f.chapter, f.timestamp, f.path) for f in found]
-    for problem in problems:
-        entry = Submission(problem.origin, problem.learner, problem.chapter, problem.timestamp)
-        entry.refuse(problem.message)
-        entry.ignored = problem.ignored
-        entries.append(entry)
     read(entries, run.known)
     course = run.course
     state = _load_state(run.state)

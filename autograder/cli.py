@@ -248,10 +248,10 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
     if course is None:
         return 1
     known = class_chapters(course)
-    submissions, problems = collect(
+    submissions = collect(
         folder, known, origin_of=(lambda p: origins.get(p.resolve(), str(p))) if origins else None,
         time_of=(lambda p: times[p.resolve()]) if times else None, roster=roster)
-    if not submissions and not problems:
+    if not submissions:
         print(f"error: {args.submissions}: no notebooks found (expected "
               "<learner>/<NN_slug>.ipynb, <learner>_<NN_slug>.ipynb or nbgrader's submitted/)",
               file=sys.stderr)
@@ -266,7 +266,7 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
                    args.state or course / "grading-state.json",
                    args.csv or course / "grades.csv", runner, args.json, args.regrade)
     try:
-        entries = grade_class(run, submissions, problems)
+        entries = grade_class(run, submissions)
     finally:
         place.close()
     if run.stopped:

@@ -36,35 +36,22 @@ import datetime as dt
 import re
 import zipfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
+
+from autograder.submission import Submission
 
 SEPARATORS = ("_", "-")
 CANVAS = re.compile(r"^[a-z]+_(?:LATE_)?(?P<learner>\d+)_\d+_(?P<file>.+\.ipynb)$")
 MOODLE = re.compile(r"^.+_(?P<learner>\d+)_assign(?:submission|feedback)_\w+_?$")
 
 
-@dataclass
-class Found:
-    """A file found for a learner and chapter (as its place names them), and when it came."""
-
-    path: Path  # where it can be read now (inside a temporary folder for a zip)
-    origin: str  # what to call it in reports: the path given, or ``archive.zip:entry``
-    learner: str
-    chapter: str  # the chapter its location names (the content may say otherwise)
-    timestamp: dt.datetime | None = None  # UTC, naive, as nbgrader stores it
-
-
-@dataclass
-class Problem:
-    """A file that cannot be graded, and why; ``learner`` and ``chapter`` where known."""
-
-    origin: str
-    message: str
-    learner: str = ""
-    chapter: str = ""
-    timestamp: dt.datetime | None = None
-    ignored: bool = False  # not a problem: a file nbgrader would skip too (a warning)
+def _refused(origin: str, message: str, learner: str = "", chapter: str = "",
+             timestamp: dt.datetime | None = None, ignored: bool = False) -> Submission:
+    """A file that is not graded, with why (``ignored``: not a problem, a file nbgrader would
+    skip too)."""
+    submission = Submission(origin, learner, chapter, timestamp, ignored=ignored)
+    submission.refuse(message)
+    return submission
 
 
 def split_name(file_name: str, slugs: Iterable[str]) -> tuple[str, str] | None:
@@ -95,8 +82,9 @@ def course_directory(folder: Path) -> Path | None:
 
 
 def collect(folder: Path, slugs: Iterable[str], origin_of=None, time_of=None,
-            roster: dict[str, str] | None = None) -> tuple[list[Found], list[Problem]]:
-    """Every submission under ``folder``, in a stable order, and the problems found.
+            roster: dict[str, str] | None = None) -> list[Submission]:
+    """Every submission under ``folder``, in a stable order: those to grade, then those
+    refused here (each with its reason, ``Submission.refuse``).
 
     ``origin_of(path)`` names a file in reports (default: its path); ``time_of(path)`` is
     when it was handed in, where no ``timestamp.txt`` says (default: its modification time);
@@ -107,8 +95,8 @@ def collect(folder: Path, slugs: Iterable[str], origin_of=None, time_of=None,
     time_of = time_of or _modified
     course = course_directory(folder)
     root = course / "submitted" if course is not None else folder
-    found: list[Found] = []
-    problems: list[Problem] = []
+    found: list[Submission] = []
+    problems: list[Submission] = []
     if course is not None:
         problems += _empty_hand_ins(root, slugs)
     paths = [path for path in sorted(root.rglob("*.ipynb")) if not any(
@@ -120,20 +108,20 @@ def collect(folder: Path, slugs: Iterable[str], origin_of=None, time_of=None,
         parts = path.relative_to(root).parts
         located = _locate(parts, slugs, canvas)
         if isinstance(located, str):
-            problems.append(Problem(origin_of(path), located))
+            problems.append(_refused(origin_of(path), located))
             continue
         learner, chapter = located
         if roster is not None:
             if learner not in roster:
-                problems.append(Problem(origin_of(path), f"{learner!r} is not on the class's "
-                                        "roster: not graded (add them to the roster, or hand "
-                                        "the file back)", chapter=chapter))
+                problems.append(_refused(origin_of(path), f"{learner!r} is not on the class's "
+                                         "roster: not graded (add them to the roster, or hand "
+                                         "the file back)", chapter=chapter))
                 continue
             learner = roster[learner]
         stamp = _nbgrader_timestamp(path.parent) if len(parts) >= 3 and \
             parts[-2] == chapter else None
-        found.append(Found(path, origin_of(path), learner, chapter,
-                                stamp or time_of(path)))
+        found.append(Submission(origin_of(path), learner, chapter, stamp or time_of(path),
+                                path))
     return _without_duplicates(found, problems)
 
 
@@ -189,7 +177,7 @@ def _near_match(file_name: str, slugs: list[str], contained_only: bool = False) 
     return close[0] if close else None
 
 
-def _empty_hand_ins(root: Path, slugs: list[str]) -> list[Problem]:
+def _empty_hand_ins(root: Path, slugs: list[str]) -> list[Submission]:
     """A problem for each ``<learner>/<NN_slug>/`` folder of nbgrader's ``submitted/`` that
     holds no notebook (nbgrader's autograde would stop on it)."""
     empty = []
@@ -197,16 +185,16 @@ def _empty_hand_ins(root: Path, slugs: list[str]) -> list[Problem]:
         if folder.name in slugs and not folder.parent.name.startswith(".") and \
                 not any(folder.rglob("*.ipynb")):
             held = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
-            empty.append(Problem(
+            empty.append(_refused(
                 str(folder), f"this hand-in holds no notebook ({held}): hand in "
                 f"{folder.name}.ipynb", folder.parent.name, folder.name,
                 _nbgrader_timestamp(folder) or _modified(folder)))
     return empty
 
 
-def _without_duplicates(found: list[Found], problems: list[Problem]
-                        ) -> tuple[list[Found], list[Problem]]:
-    groups: dict[tuple[str, str], list[Found]] = {}
+def _without_duplicates(found: list[Submission], problems: list[Submission]
+                        ) -> list[Submission]:
+    groups: dict[tuple[str, str], list[Submission]] = {}
     for submission in found:
         groups.setdefault((submission.learner, submission.chapter), []).append(submission)
     kept = []
@@ -220,18 +208,18 @@ def _without_duplicates(found: list[Found], problems: list[Problem]
             kept.append(own[0])
             for other in group:
                 if other is not own[0]:
-                    problems.append(Problem(
+                    problems.append(_refused(
                         other.origin, f"ignored, as nbgrader ignores it: {chapter}.ipynb "
                         f"beside it is the notebook graded", learner, chapter,
                         other.timestamp, ignored=True))
             continue
         names = " and ".join(s.origin for s in group)
         for submission in group:
-            problems.append(Problem(
+            problems.append(_refused(
                 submission.origin, f"{len(group)} files are {learner}'s {chapter} ({names}); "
                 "none of them was graded: keep one and grade again", learner, chapter,
                 submission.timestamp))
-    return kept, problems
+    return kept + problems
 
 
 def read_roster(path: Path) -> dict[str, str]:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autograder.layouts import collect, course_directory, split_name, unpack
+from autograder.submission import Submission
 
 SLUGS = [c.name for c in CHAPTERS]
 FIRST, SECOND = SLUGS[0], SLUGS[1]
@@ -22,6 +23,13 @@ FIRST, SECOND = SLUGS[0], SLUGS[1]
 # Learner ids as platforms and universities issue them: digits, underscores, dots, hyphens.
 # A leading dot would hide a folder (checkpoints), so ids start with a letter or digit.
 learner_ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,11}", fullmatch=True)
+
+
+def _collected(folder: Path, *args, **kwargs) -> tuple[list[Submission], list[Submission]]:
+    """What ``collect`` found under ``folder``: the submissions to grade, and those it
+    refused (each with its reason as its result's error)."""
+    found = collect(folder, *args, **kwargs)
+    return [s for s in found if s.result is None], [s for s in found if s.result is not None]
 
 
 def _nbgrader_exchange(root: Path, learner: str, chapter: str) -> Path:
@@ -64,7 +72,7 @@ def _layout_folder(root: Path, layout: str, learners: list[str]) -> Path:
 @given(learners=st.lists(learner_ids, min_size=1, max_size=6, unique=True))
 def test_every_layout_yields_exactly_the_learners_it_holds(layout, learners, tmp_path_factory):
     root = _layout_folder(tmp_path_factory.mktemp(layout), layout, learners)
-    found, problems = collect(root, SLUGS)
+    found, problems = _collected(root, SLUGS)
     assert problems == []
     assert sorted((s.learner, s.chapter) for s in found) == sorted(
         (learner, SLUGS[i % len(SLUGS)]) for i, learner in enumerate(learners))
@@ -84,7 +92,7 @@ def test_a_zip_with_or_without_a_top_folder_yields_the_same_learners(learners, w
                     else f"{top}{learner}/{SECOND}.ipynb")
             archive.writestr(zipfile.ZipInfo(name, (2026, 11, 30, 23, 59, 58)), "{}")
     origins, times = unpack(folder / "uploads.zip", folder / "unpacked")
-    found, problems = collect(folder / "unpacked", SLUGS, lambda p: origins[p.resolve()],
+    found, problems = _collected(folder / "unpacked", SLUGS, lambda p: origins[p.resolve()],
                               lambda p: times[p.resolve()])
     assert problems == []
     assert sorted(s.learner for s in found) == sorted(learners)
@@ -113,10 +121,10 @@ def test_two_files_for_one_learner_and_chapter_are_both_reported_and_neither_gra
     first = _write(tmp_path / "ada" / f"{FIRST}.ipynb")
     second = _write(tmp_path / f"ada_{FIRST}.ipynb")
     _write(tmp_path / "bo" / f"{FIRST}.ipynb")
-    found, problems = collect(tmp_path, SLUGS)
+    found, problems = _collected(tmp_path, SLUGS)
     assert [(s.learner, s.chapter) for s in found] == [("bo", FIRST)]
     assert len(problems) == 2 and {p.origin for p in problems} == {str(first), str(second)}
-    assert all(str(first) in p.message and str(second) in p.message for p in problems)
+    assert all(str(first) in p.result.error and str(second) in p.result.error for p in problems)
     assert all((p.learner, p.chapter) == ("ada", FIRST) for p in problems)
 
 
@@ -124,12 +132,12 @@ def test_a_path_that_names_no_learner_or_no_chapter_is_a_problem(tmp_path):
     _write(tmp_path / f"{FIRST}.ipynb")
     _write(tmp_path / "ada" / "homework.ipynb")
     _write(tmp_path / ".ipynb_checkpoints" / f"ada_{FIRST}-checkpoint.ipynb")
-    found, problems = collect(tmp_path, SLUGS)
+    found, problems = _collected(tmp_path, SLUGS)
     assert found == []
     assert sorted(p.origin for p in problems) == sorted(
         [str(tmp_path / f"{FIRST}.ipynb"), str(tmp_path / "ada" / "homework.ipynb")])
-    assert any("names its chapter but no learner" in p.message for p in problems)
-    assert any("names no chapter" in p.message for p in problems)
+    assert any("names its chapter but no learner" in p.result.error for p in problems)
+    assert any("names no chapter" in p.result.error for p in problems)
 
 
 def test_nbgrader_timestamps_are_read_and_the_course_directory_is_found(tmp_path):
@@ -139,7 +147,7 @@ def test_nbgrader_timestamps_are_read_and_the_course_directory_is_found(tmp_path
     assert course_directory(course) == course.resolve()
     assert course_directory(course / "submitted") == course.resolve()
     assert course_directory(course / "source") is None
-    found, problems = collect(course / "submitted", SLUGS)
+    found, problems = _collected(course / "submitted", SLUGS)
     assert problems == [] and [s.learner for s in found] == ["ada", "bo"]
     assert found[0].timestamp == dt.datetime(2026, 12, 1, 9, 30)
     assert found[1].timestamp is not None  # no timestamp.txt: the file's modification time
@@ -149,21 +157,21 @@ def test_the_chapters_own_notebook_wins_in_a_hand_in_folder_and_a_stray_one_is_i
         tmp_path):
     course = _layout_folder(tmp_path / "course", "nbgrader-course-directory", ["ada"])
     stray = _write(course / "submitted" / "ada" / FIRST / "Untitled.ipynb")
-    found, problems = collect(course, SLUGS)
+    found, problems = _collected(course, SLUGS)
     assert [(s.learner, s.chapter, s.path.name) for s in found] == \
         [("ada", FIRST, f"{FIRST}.ipynb")]
     assert [(p.origin, p.ignored) for p in problems] == [(str(stray), True)]
-    assert f"{FIRST}.ipynb" in problems[0].message
+    assert f"{FIRST}.ipynb" in problems[0].result.error
 
 
 def test_a_hand_in_folder_without_a_notebook_is_a_problem_not_a_silence(tmp_path):
     course = _layout_folder(tmp_path / "course", "nbgrader-course-directory", ["ada"])
     empty = course / "submitted" / "bo" / FIRST
     _write(empty / "timestamp.txt", "2026-12-01 09:30:00.000000 UTC")
-    found, problems = collect(course, SLUGS)
+    found, problems = _collected(course, SLUGS)
     assert [s.learner for s in found] == ["ada"]
     assert [(p.learner, p.chapter, p.ignored) for p in problems] == [("bo", FIRST, False)]
-    assert "no notebook" in problems[0].message and "timestamp.txt" in problems[0].message
+    assert "no notebook" in problems[0].result.error and "timestamp.txt" in problems[0].result.error
     assert problems[0].timestamp == dt.datetime(2026, 12, 1, 9, 30)
 
 
@@ -172,13 +180,13 @@ def test_a_hand_in_folder_without_a_notebook_is_a_problem_not_a_silence(tmp_path
     ("erin_homework.ipynb", None)], ids=["a-second-upload", "a-typo", "nothing-near"])
 def test_a_near_miss_name_names_its_near_match(name, near, tmp_path):
     _write(tmp_path / name)
-    _, problems = collect(tmp_path, SLUGS)
+    _, problems = _collected(tmp_path, SLUGS)
     assert len(problems) == 1
     if near:
-        assert f"did you mean {near}?" in problems[0].message
-        assert not any(slug in problems[0].message for slug in SLUGS if slug != near)
+        assert f"did you mean {near}?" in problems[0].result.error
+        assert not any(slug in problems[0].result.error for slug in SLUGS if slug != near)
     else:
-        assert "did you mean" not in problems[0].message
+        assert "did you mean" not in problems[0].result.error
 
 
 def test_canvas_downloads_name_one_learner_by_their_user_id_late_or_renamed(tmp_path):
@@ -187,19 +195,19 @@ def test_canvas_downloads_name_one_learner_by_their_user_id_late_or_renamed(tmp_
     _write(first / f"hopperg_5150_902_{SECOND}.ipynb")
     later = tmp_path / "download-2"
     _write(later / f"lovelaceada_LATE_4242_977_{FIRST}-1.ipynb")
-    assert {(s.learner, s.chapter) for s in collect(first, SLUGS)[0]} == \
+    assert {(s.learner, s.chapter) for s in _collected(first, SLUGS)[0]} == \
         {("4242", FIRST), ("5150", SECOND)}
-    assert [(s.learner, s.chapter) for s in collect(later, SLUGS)[0]] == [("4242", FIRST)]
+    assert [(s.learner, s.chapter) for s in _collected(later, SLUGS)[0]] == [("4242", FIRST)]
     # a class's own flat names beside them are not Canvas's: none is reread
     _write(first / f"s_1234_5678_{FIRST}.ipynb".replace("s_", "S_"))
-    assert {s.learner for s in collect(first, SLUGS)[0]} == \
+    assert {s.learner for s in _collected(first, SLUGS)[0]} == \
         {"lovelaceada_4242_901", "hopperg_5150_902", "S_1234_5678"}
 
 
 def test_a_moodle_download_names_the_learner_by_their_participant_id(tmp_path):
     _write(tmp_path / "Ada Lovelace_55555_assignsubmission_file_" / f"{FIRST}.ipynb")
     _write(tmp_path / "Grace Hopper_55556_assignsubmission_file_" / f"{FIRST}-1.ipynb")
-    found, problems = collect(tmp_path, SLUGS)
+    found, problems = _collected(tmp_path, SLUGS)
     assert problems == []
     assert [(s.learner, s.chapter) for s in found] == [("55555", FIRST), ("55556", FIRST)]
 
@@ -214,9 +222,9 @@ def test_a_roster_maps_ids_and_a_file_off_it_is_never_a_new_learner(columns, tmp
     uploads = tmp_path / "uploads"
     _write(uploads / f"lovelaceada_4242_901_{FIRST}.ipynb")
     _write(uploads / f"hopperg_5150_902_{FIRST}.ipynb")
-    found, problems = collect(uploads, SLUGS, roster=read_roster(roster))
+    found, problems = _collected(uploads, SLUGS, roster=read_roster(roster))
     assert [(s.learner, s.chapter) for s in found] == [("ada.l", FIRST)]
-    assert len(problems) == 1 and "'5150' is not on the class's roster" in problems[0].message
+    assert len(problems) == 1 and "'5150' is not on the class's roster" in problems[0].result.error
     assert problems[0].learner == ""
 
 
