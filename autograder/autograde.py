@@ -11,13 +11,14 @@
 
 ``Grader.autograde`` takes a ``Job`` (the chapter's source notebook as text, the learner's
 notebook, who and what it is) and gives back an ``Outcome`` (the result of every test, and
-the executed notebook for the feedback page), through ``STEPS``: rebuild, flag, strip
-demonstrations, place, run, read scores, report. It touches no class files, reads no file it is
-not given, and can run on another machine (``autograder.cluster``). nbgrader runs under
-``sandbox.run`` (time, memory, and nothing outliving it), and its kernel, the one process
-that runs learner code, in the bubblewrap sandbox (``autograder.kernel``): its working folder
-and its own scratch folder are all it can write, and all of the host it sees besides the
-system, the Python environment and the course's packages.
+the executed notebook for the feedback page), through ``STEPS``: rebuild the answers, flag,
+strip demonstrations, place, run nbgrader, read scores, report. It touches no class files,
+reads no file it is not given, and can run on another machine (``autograder.cluster``).
+nbgrader runs under ``sandbox.run`` (time, memory, and nothing outliving it), and its
+kernel, the one process that runs learner code, in the bubblewrap sandbox
+(``autograder.kernel``): its working folder and its own scratch folder are all it can write,
+and all of the host it sees besides the system, the Python environment and the course's
+packages.
 
 Checks: ``autograder.arming`` records the checks before the first cell and
 ``autograder.guard`` verifies them in every test cell; ``suspicious_code`` flags cells the
@@ -79,10 +80,10 @@ class Job:
 class Outcome:
     result: NotebookResult
     executed: dict | None = None  # the graded notebook, for the feedback page
-    # wall-clock times (time.time()) when each step ended, "run started" when nbgrader's last
-    # run began, and "armed" when the kernel began and ended arming (written in the sandbox);
-    # for ``python -m autograder bench --breakdown``, which reads them with the executed
-    # notebook's cell times
+    # wall-clock times (time.time()) when each step ended (by its name), "nbgrader_started"
+    # when nbgrader's last run began, and "armed" when the kernel began and ended arming
+    # (written in the sandbox); for ``python -m autograder bench --breakdown``, which reads
+    # them with the executed notebook's cell times
     marks: dict[str, float | list[float]] = field(default_factory=dict)
 
 
@@ -160,9 +161,9 @@ class Grader:
         grading = Grading(job, _test_cells(job.source), _released(template, job.chapter),
                           template)
         try:
-            for name, step in STEPS:  # the last, ``report``, always gives an outcome
+            for step in STEPS:  # the last, ``report``, always gives an outcome
                 outcome = step(self, grading)
-                grading.marks[name] = time.time()
+                grading.marks[step.__name__] = time.time()
                 if outcome is not None:
                     break
             outcome.marks = grading.marks
@@ -200,6 +201,13 @@ class Grader:
         finally:
             shutil.rmtree(probe, ignore_errors=True)
         return None if found < 0 else found
+
+
+def grader_failed(error: Exception) -> NotGradable:
+    """What a submission is told when grading it failed in the grader itself (a bug of the
+    grader's, or of the Python it runs on): it is refused alone, the others are graded."""
+    return NotGradable(f"the grader failed on it ({type(error).__name__}: {error}); grade "
+                       "it again, and report it if it fails again")
 
 
 # --- the steps of grading one submission, in order -------------------------------------------
@@ -252,7 +260,7 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
     job, limits = grading.job, grader.limits
     for _ in range(_CRASH_RETRIES + 1):
         (grading.work / "scores.json").unlink(missing_ok=True)
-        grading.marks["run started"] = time.time()
+        grading.marks["nbgrader_started"] = time.time()
         try:
             grading.log = nbgrader(
                 grading.work, ["autograde", job.chapter, "--student", job.learner, "--force"],
@@ -299,17 +307,10 @@ def report(grader: Grader, grading: Grading) -> Outcome:
                              language=job.language), grading.executed)
 
 
-STEPS: tuple[tuple[str, Callable[[Grader, Grading], Outcome | None]], ...] = (
-    ("rebuild", rebuild_answers),
-    ("flag", flag),
-    ("strip demonstrations", strip_demonstrations),
-    ("place", place),
-    ("run", run_nbgrader),
-    ("read scores", read_scores),
-    ("report", report),
-)
-"""Grading one submission: each step reads and fills the ``Grading``; the first to return an
-``Outcome`` ends it (a zero, or the report)."""
+# Grading one submission: each step reads and fills the ``Grading``; the first to return an
+# ``Outcome`` ends it (a zero, or the report). A step is known by its function's name.
+STEPS: tuple[Callable[[Grader, Grading], Outcome | None], ...] = (
+    rebuild_answers, flag, strip_demonstrations, place, run_nbgrader, read_scores, report)
 
 
 def _released(template: Path, chapter: str) -> nbformat.NotebookNode:

@@ -68,7 +68,7 @@ def parts_of(outcome: Outcome) -> dict[str, float]:
     import datetime as dt
 
     marks = outcome.marks
-    started = marks["run started"]
+    started = marks["nbgrader_started"]
     armed_from, armed_to = marks.get("armed", (started, started))
     cells, tests, last = 0.0, 0.0, None
     for cell in outcome.executed.cells:
@@ -81,11 +81,11 @@ def parts_of(outcome: Outcome) -> dict[str, float]:
             tests += last - began
         else:
             cells += last - began
-    return {"course copy": marks["place"] - marks["strip demonstrations"],
+    return {"course copy": marks["place"] - marks["strip_demonstrations"],
             "nbgrader and kernel start": armed_from - started,
             "imports and set-up": armed_to - armed_from,
             "notebook's own cells": cells, "test cells": tests,
-            "nbgrader after the last cell": marks["run"] - (last or marks["run"])}
+            "nbgrader after the last cell": marks["run_nbgrader"] - (last or marks["run_nbgrader"])}
 
 
 def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
