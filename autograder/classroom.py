@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autograder.autograde import Grader, Outcome
+from autograder.autograde import Grader, Outcome, grader_failed
 from autograder.chapters import Chapter, NotGradable
 from autograder.report import NotebookResult
 from autograder.restore import Unmatched
@@ -55,6 +55,8 @@ def threads(jobs: int) -> Runner:
                     yield futures[future], future.result()
                 except (NotGradable, Unmatched) as exc:
                     yield futures[future], exc
+                except Exception as exc:  # the grader's own failure: this submission alone
+                    yield futures[future], grader_failed(exc)
         except BaseException:  # stopped early (Ctrl-C): nothing more starts, what runs ends
             end_all()
             raise

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from autograder.autograde import Grader, Job, Limits, Outcome
+from autograder.autograde import Grader, Job, Limits, Outcome, grader_failed
 from autograder.chapters import NotGradable
 from autograder.restore import Unmatched
 
@@ -37,6 +37,8 @@ def _grade(limits: Limits, runtime: str, course_id: str, job: Job) -> Outcome | 
         return Grader(limits, runtime, course_id).autograde(job)
     except (NotGradable, Unmatched) as exc:  # the submission's fault: an answer, not a retry
         return exc
+    except Exception as exc:  # the grader's own failure: this submission alone
+        return grader_failed(exc)
 
 
 def dask(address: str):

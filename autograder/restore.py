@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import threading
 from dataclasses import dataclass, field
 
 import nbformat
@@ -56,10 +57,18 @@ def _is_answer(cell: NotebookNode) -> bool:
     return bool(meta.get("solution")) and not meta.get("locked")
 
 
+# CPython 3.11 counts the depth of the syntax tree it is building per interpreter, not per
+# thread: two threads parsing at once (a class graded with --jobs 2) can fail with
+# "SystemError: AST constructor recursion depth mismatch" (CPython issue gh-106905). One
+# parse at a time.
+_PARSING = threading.Lock()
+
+
 def defines(source: str) -> set[str]:
     try:
-        body = ast.parse(source).body
-    except SyntaxError:
+        with _PARSING:
+            body = ast.parse(source).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python: no names
         return set()
     return {node.name for node in body
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}

@@ -372,7 +372,9 @@ def test_every_case_gets_exactly_its_score(graded):
     lost = {learner: [(t["id"], t["message"]) for t in results[learner]["tests"]
                       if not t["passed"]]
             for learner in expected if learner in results and got[learner] != expected[learner]}
-    assert got == expected, f"tests lost where the score differs: {lost}"
+    assert got == expected, (f"tests lost where the score differs: {lost}; not graded: "
+                             f"{ {k: results[k]['error'] for k, v in got.items() if v is None} }; "
+                             f"grade-all said: {done.stderr[-3000:]}")
 
 
 def test_refused_files_get_one_error_line_and_the_batch_goes_on(graded):

@@ -368,3 +368,23 @@ def test_grading_on_dask_without_dask_installed_is_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("error: --dask needs Dask")
     assert "Traceback" not in done.stderr
+
+
+def test_the_grader_failing_on_one_submission_refuses_that_one_alone():
+    """An exception no submission should cause (here CPython's own SystemError, as 3.11's
+    parser raised it under two threads) refuses the submission it happened on, saying so;
+    the others are graded, and the class goes on."""
+    from autograder.autograde import Grader
+    from autograder.chapters import NotGradable
+    from autograder.classroom import threads
+
+    class FailsOnOne(Grader):
+        def autograde(self, job):
+            if job == "second":
+                raise SystemError("AST constructor recursion depth mismatch")
+            return f"graded {job}"
+
+    got = dict(threads(2)(FailsOnOne(), ["first", "second", "third"]))
+    assert (got[0], got[2]) == ("graded first", "graded third")
+    assert isinstance(got[1], NotGradable)
+    assert "the grader failed on it (SystemError: AST constructor" in str(got[1])
