@@ -42,11 +42,35 @@ def write_scores(coursedir, destination: Path) -> None:
         destination.write_text(json.dumps({g.name: g.score for g in graded.grades}))
 
 
-if __name__ == "__main__":
+def preload() -> None:
+    """Import what nbgrader's ``autograde`` uses, so that a process forked after it
+    (``autograder.forkserver``) starts grading at once."""
     without_uri_grammar()
-    from nbgrader.apps import AutogradeApp
-    from nbgrader.apps.nbgraderapp import main
+    import nbclient  # noqa: F401 - loaded for the processes forked after
+    from nbgrader.apps import AutogradeApp  # noqa: F401
+    from nbgrader.apps.nbgraderapp import main  # noqa: F401
 
-    main()
+    from autograder import kernel  # noqa: F401 - nbgrader's kernel manager (configuration)
+
+
+def main(args: list[str]) -> int:
+    """nbgrader's command line with ``args``; its exit status."""
+    preload()
+    from nbgrader.apps import AutogradeApp
+    from nbgrader.apps.nbgraderapp import main as nbgrader
+
+    sys.argv = ["nbgrader", *args]
+    try:
+        nbgrader()
+    except SystemExit as exit:
+        if exit.code is None or isinstance(exit.code, int):
+            return exit.code or 0
+        print(exit.code, file=sys.stderr)
+        return 1
     if os.environ.get(SCORES) and AutogradeApp.initialized():
         write_scores(AutogradeApp.instance().coursedir, Path(os.environ[SCORES]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -113,10 +113,11 @@ def _reap() -> None:
             return
 
 
-def run(command: list[str], seconds: float) -> int:
-    """Run ``command`` for at most ``seconds``; leave nothing it started running."""
+def run(command: list[str], seconds: float, start=subprocess.Popen) -> int:
+    """Run ``command`` for at most ``seconds``; leave nothing it started running. ``start``
+    starts it as ``subprocess.Popen`` does (``autograder.forkserver`` forks it instead)."""
     subreaper = become_subreaper()
-    child = subprocess.Popen(command, start_new_session=not subreaper)
+    child = start(command, start_new_session=not subreaper)
     try:
         _end_with_parent()
         status = child.wait(timeout=seconds)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder import bubblewrap
+from autograder import bubblewrap, forkserver
 from autograder.bubblewrap import probe
 from course.runtime import gpu_name
 
@@ -66,14 +66,17 @@ def run(command: list[str], cwd: Path, timeout: int, limits: Limits,
         raise Stopped("grading was stopped")
     env = environment_for(dict(os.environ) | (environment or {}), list(writable) or [cwd],
                           limits.threads)
-    reaped = [sys.executable, "-m", "autograder.reaper", str(timeout), "--", *command]
-    if limits.sandbox:
-        reaped = confine(reaped, cwd, list(writable) or [cwd], env)
+    warm = not limits.sandbox and forkserver.serves(command)
     # output goes to a file, not a pipe: a process that escaped could hold a pipe open
-    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as output:
-        process = subprocess.Popen(reaped, cwd=cwd, env=env, stdout=output,
-                                   stderr=subprocess.STDOUT, start_new_session=True,
-                                   preexec_fn=_memory_limit(limits.memory_gib))
+    with tempfile.NamedTemporaryFile("w+", encoding="utf-8", errors="replace") as output:
+        process = _start_warm(command, cwd, env, output.name, timeout, limits) if warm else None
+        if process is None:
+            reaped = [sys.executable, "-m", "autograder.reaper", str(timeout), "--", *command]
+            if limits.sandbox:
+                reaped = confine(reaped, cwd, list(writable) or [cwd], env)
+            process = subprocess.Popen(reaped, cwd=cwd, env=env, stdout=output,
+                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                       preexec_fn=_memory_limit(limits.memory_gib))
         _RUNNING.add(process.pid)
         try:
             process.wait(timeout=timeout + _GRACE)
@@ -152,12 +155,31 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _memory_limit(gib: float | None):
-    """A function that caps the address space of the process it runs in (and of its
-    children); None where there is no limit or a CUDA GPU (its context needs far more)."""
+def _start_warm(command: list[str], cwd: Path, env: dict[str, str], output: str, timeout: int,
+                limits: Limits) -> forkserver.Spawned | None:
+    """nbgrader's command forked from the fork server, its reaper as ``run`` starts one cold;
+    None where the server could not start it."""
+    try:
+        return forkserver.spawn(command[3:], cwd, env, Path(output), timeout,
+                                _address_space(limits.memory_gib))
+    except OSError:
+        return None
+
+
+def _address_space(gib: float | None) -> int | None:
+    """The address space a graded process may use, in bytes; None where there is no limit
+    or a CUDA GPU (its context needs far more)."""
     if gib is None or gpu_name() is not None:
         return None
-    limit = int(gib * 2**30)
+    return int(gib * 2**30)
+
+
+def _memory_limit(gib: float | None):
+    """A function that caps the address space of the process it runs in (and of its
+    children) at ``_address_space(gib)``; None where there is none."""
+    limit = _address_space(gib)
+    if limit is None:
+        return None
 
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

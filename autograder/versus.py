@@ -9,7 +9,9 @@ sandboxed the same way), with the same notebook handed in. Both run once untimed
 chapter cached, files in the page cache), then ``repeat`` times each, alternating which goes
 first. For every run, the whole process tree is measured: wall time, CPU time (user + system,
 every process in it) and peak memory (the most the tree held resident at once, sampled every
-10 ms). Medians are printed with the ratios ours / stock.
+10 ms, as proportional set sizes: a page shared by k processes counts 1/k in each, so what a
+forked process shares with its parent counts once, as it occupies memory once). Medians are
+printed with the ratios ours / stock.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from pathlib import Path
 
 from autograder.chapters import Chapter
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -35,11 +36,11 @@ _TICK = os.sysconf("SC_CLK_TCK")
 class Cost:
     wall: float  # seconds
     cpu: float  # seconds, user + system, every process of the tree
-    memory: float  # MiB, the most the tree held resident at once
+    memory: float  # MiB, the most the tree held resident at once (proportional set size)
 
 
-def _processes() -> dict[int, tuple[int, float, int]]:
-    """pid -> (parent pid, CPU seconds so far, resident bytes), for every process."""
+def _processes() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds so far), for every process."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -49,10 +50,22 @@ def _processes() -> dict[int, tuple[int, float, int]]:
                 fields = handle.read().rsplit(b")", 1)[1].split()
         except OSError:  # it ended while we looked
             continue
-        # after the command's name: state, ppid, ... utime (12th), stime (13th), rss (22nd)
-        found[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK,
-                             int(fields[21]) * _PAGE)
+        # after the command's name: state, ppid, ... utime (12th), stime (13th)
+        found[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)
     return found
+
+
+def _resident(pid: int) -> int:
+    """The bytes ``pid`` holds resident, its shared pages divided among their sharers (its
+    proportional set size); 0 once it has ended."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def measure(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> Cost:
@@ -69,14 +82,14 @@ def measure(command: list[str], cwd: Path, env: dict[str, str] | None = None) ->
             table = _processes()
             tree, todo = set(), [process.pid]
             children: dict[int, list[int]] = {}
-            for pid, (parent, _, _) in table.items():
+            for pid, (parent, _) in table.items():
                 children.setdefault(parent, []).append(pid)
             while todo:
                 pid = todo.pop()
                 if pid in table and pid not in tree:
                     tree.add(pid)
                     todo += children.get(pid, [])
-            peak[0] = max(peak[0], sum(table[pid][2] for pid in tree))
+            peak[0] = max(peak[0], sum(_resident(pid) for pid in tree))
             for pid in tree:
                 cpu[pid] = max(cpu.get(pid, 0.0), table[pid][1])
             done.wait(0.01)
