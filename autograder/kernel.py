@@ -5,7 +5,8 @@ nbgrader itself reads the submission, restores its cells, records the grades in 
 gradebook and writes the graded notebook: none of that runs learner code, so it runs outside
 the sandbox, and the gradebook is not in the sandbox's view. Only the kernel is confined::
 
-    grader ── reaper ── nbgrader autograde            (the submission's limits, no sandbox)
+    grader ── reaper ── nbgrader autograde            (the submission's limits, no sandbox;
+                            │                          both forked: autograder.forkserver)
                             │  ZeroMQ over Unix sockets in ``scratch``
                             └── bwrap ── ipykernel   (sees: the system, the Python
                                                       environment, the course's packages,

@@ -7,7 +7,9 @@ cores, hypothesis' files in the submission's own folder, and a time limit. With
 ``Limits.sandbox`` it also runs in a bubblewrap sandbox (``autograder.bubblewrap``) that sees
 only the system, the Python environment, the course's packages and the submission's own
 folders, with HOME and every cache inside them, no network and its own PID namespace; the
-reaper still runs inside it (it gives the time limit and its exit status).
+reaper still runs inside it (it gives the time limit and its exit status). nbgrader's own
+command, which runs outside the sandbox, is forked with its reaper from a process that has
+nbgrader loaded (``autograder.forkserver``) rather than started afresh, where Linux allows.
 """
 
 from __future__ import annotations
