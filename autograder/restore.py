@@ -68,7 +68,8 @@ def defines(source: str) -> set[str]:
     try:
         with _PARSING:
             body = ast.parse(source).body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python: no names
+    # not Python (a null byte is a ValueError), or past the parser's depth or memory: no names
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set()
     return {node.name for node in body
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}

@@ -16,10 +16,10 @@ def _what(out: object) -> str:
 
 def expect_attention_output(out: object, call: str, case: str, query: torch.Tensor,
                             shape: tuple[int, ...] | None = None, layout: str = "",
-                            idea: str = "") -> torch.Tensor:
-    """``out``, returned by ``call`` (``"paged_attention(...)"``) on the case ``case``
-    describes, if it is a tensor of ``shape`` (the query's by default) in the query's dtype;
-    otherwise an AssertionError that says what came back. ``layout`` says what the shape
+                            idea: str = "") -> None:
+    """Nothing if ``out``, returned by ``call`` (``"paged_attention(...)"``) on the case
+    ``case`` describes, is a tensor of ``shape`` (the query's by default) in the query's
+    dtype; otherwise an AssertionError that says what came back. ``layout`` says what the shape
     holds (``" (one row per packed query token)"``); ``idea`` closes the shape's hint."""
     shape = tuple(query.shape) if shape is None else shape
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
@@ -29,4 +29,3 @@ def expect_attention_output(out: object, call: str, case: str, query: torch.Tens
         raise AssertionError(f"{call} on {case} returned {dtype_name(out.dtype)} for a "
                              f"{dtype_name(query.dtype)} query: the output is in the query's "
                              "dtype (the arithmetic in between is fp32).")
-    return out
