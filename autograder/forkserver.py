@@ -112,18 +112,20 @@ class _Server:
         return self.process.poll() is None
 
     def _read(self) -> None:
-        for line in self.process.stdout:
-            reply = json.loads(line)
-            if "started" in reply:
-                spawned = Spawned(reply["started"])
-                self._running[spawned.pid] = spawned
-                self._started.put(spawned)
-            else:
-                self._running.pop(reply["ended"]).end(reply["status"])
-        # the server is gone, and its reapers were told to end (PR_SET_PDEATHSIG)
-        for spawned in self._running.values():
-            spawned.end(-signal.SIGKILL)
-        self._started.put(None)
+        try:
+            for line in self.process.stdout:
+                reply = json.loads(line)
+                if "started" in reply:
+                    spawned = Spawned(reply["started"])
+                    self._running[spawned.pid] = spawned
+                    self._started.put(spawned)
+                else:
+                    self._running.pop(reply["ended"]).end(reply["status"])
+        finally:  # the server is gone, and its reapers were told to end (PR_SET_PDEATHSIG)
+            self.process.kill()
+            for spawned in self._running.values():
+                spawned.end(-signal.SIGKILL)
+            self._started.put(None)
 
 
 _SERVER: _Server | None = None
@@ -150,14 +152,15 @@ def spawn(args: list[str], cwd: Path, env: dict[str, str], output: Path, seconds
 
 def serve() -> None:
     """Load nbgrader, then fork a reaper for every request until the grader closes stdin."""
-    from autograder import nbgrader_main
-
-    nbgrader_main.preload()
-    requests, replies = os.dup(0), os.dup(1)  # the protocol's; 0 and 1 are the children's
+    # the protocol's own descriptors: what an import or a child prints cannot reach it
+    requests, replies = os.dup(0), os.dup(1)
     quiet = os.open(os.devnull, os.O_RDWR)
     os.dup2(quiet, 0)
     os.dup2(quiet, 1)
     os.close(quiet)
+    from autograder import nbgrader_main
+
+    nbgrader_main.preload()
     selector = selectors.DefaultSelector()
     selector.register(requests, selectors.EVENT_READ)
     reapers: dict[int, int] = {}  # process fd -> reaper pid
