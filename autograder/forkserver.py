@@ -31,6 +31,8 @@ process file descriptors); elsewhere nbgrader starts afresh.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import queue
@@ -42,9 +44,11 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
-from autograder import reaper
+from autograder import nbgrader_main, reaper
 
 __all__ = ["Spawned", "serves", "spawn"]
 
@@ -56,6 +60,7 @@ def serves(command: list[str]) -> bool:
     return command[:3] == [sys.executable, *NBGRADER] and _pidfds()
 
 
+@functools.cache
 def _pidfds() -> bool:
     try:
         os.close(os.pidfd_open(os.getpid()))
@@ -158,8 +163,6 @@ def serve() -> None:
     os.dup2(quiet, 0)
     os.dup2(quiet, 1)
     os.close(quiet)
-    from autograder import nbgrader_main
-
     nbgrader_main.preload()
     selector = selectors.DefaultSelector()
     selector.register(requests, selectors.EVENT_READ)
@@ -194,16 +197,24 @@ def _reply(fd: int, message: dict) -> None:
 
 def _end(reapers: dict[int, int]) -> None:
     for pid in reapers.values():
-        _signal(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     for pid in reapers.values():
         os.waitpid(pid, 0)
 
 
-def _signal(pid: int, number: int) -> None:
+def _exit_after(work: Callable[[], int]) -> NoReturn:
+    """End this forked child with ``work``'s status, or 1 with the traceback in its output
+    when it raised: a child never returns into its parent's code."""
+    status = 1
     try:
-        os.kill(pid, number)
-    except ProcessLookupError:
-        pass
+        status = work()
+    except BaseException:  # whatever it was, the grader reads it in the output
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _fork_reaper(request: dict) -> int:
@@ -212,8 +223,8 @@ def _fork_reaper(request: dict) -> int:
     pid = os.fork()
     if pid:
         return pid
-    status = 1
-    try:
+
+    def reap() -> int:
         os.setsid()
         output = os.open(request["output"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.dup2(output, 1)
@@ -224,13 +235,9 @@ def _fork_reaper(request: dict) -> int:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        status = reaper.run(request["args"], request["seconds"], start=_Forked)
-    except BaseException:  # noqa: BLE001 - whatever it was, the grader reads it in the output
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        return reaper.run(request["args"], request["seconds"], start=_Forked)
+
+    _exit_after(reap)
 
 
 class _Forked:
@@ -239,7 +246,9 @@ class _Forked:
     def __init__(self, args: list[str], start_new_session: bool) -> None:
         self.pid = os.fork()
         if self.pid == 0:
-            _run_nbgrader(args, start_new_session)
+            if start_new_session:
+                os.setsid()
+            _exit_after(lambda: nbgrader_main.main(args))
         self._exited = os.pidfd_open(self.pid)
 
     def wait(self, timeout: float | None = None) -> int:
@@ -248,22 +257,6 @@ class _Forked:
             raise subprocess.TimeoutExpired("nbgrader", timeout or 0)
         _, status = os.waitpid(self.pid, 0)
         return os.waitstatus_to_exitcode(status)
-
-
-def _run_nbgrader(args: list[str], start_new_session: bool) -> None:
-    status = 1
-    try:
-        if start_new_session:
-            os.setsid()
-        from autograder import nbgrader_main
-
-        status = nbgrader_main.main(args)
-    except BaseException:  # noqa: BLE001
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
 
 
 if __name__ == "__main__":

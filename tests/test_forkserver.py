@@ -18,11 +18,11 @@ from autograder.reaper import descendants
 from autograder.sandbox import Limits, run
 from course import kv_sizing
 
-pytestmark = pytest.mark.skipif(not forkserver.serves([sys.executable, *forkserver.NBGRADER]),
-                                reason="the fork server needs Linux' process file descriptors")
-
 CHAPTER = "01_kv_cache_sizing"
 NBGRADER = [sys.executable, *forkserver.NBGRADER]
+
+pytestmark = pytest.mark.skipif(not forkserver.serves(NBGRADER),
+                                reason="the fork server needs Linux' process file descriptors")
 
 
 @pytest.mark.parametrize("args", [["--version"], ["autograde", "no_such_chapter"]],
