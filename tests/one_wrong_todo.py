@@ -15,9 +15,9 @@ import pytest
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
-def _names(code: types.CodeType) -> set[str]:
+def names_read(code: types.CodeType) -> set[str]:
     """The names ``code`` reads (global and attribute names), its comprehensions' included."""
-    return set(code.co_names).union(*(_names(inner) for inner in code.co_consts
+    return set(code.co_names).union(*(names_read(inner) for inner in code.co_consts
                                       if isinstance(inner, types.CodeType)))
 
 
@@ -50,7 +50,7 @@ class FunctionTodos:
         """The other TODOs whose answer calls ``todo``, directly or through another TODO: the
         only ones a wrong ``todo`` can reach."""
         todos = set(self.todos)
-        calls = {name: _names(getattr(self.reference, name).__code__) & todos for name in todos}
+        calls = {name: names_read(getattr(self.reference, name).__code__) & todos for name in todos}
         reached = {todo}
         while grown := {name for name, called in calls.items() if called & reached} - reached:
             reached |= grown
