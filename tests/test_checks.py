@@ -1,9 +1,10 @@
 """Every chapter's checks, run directly (no notebook): right answers pass, wrong ones get hints.
 
-For chapter NN: the course's own answers (what each TODO's cell renders from the library) and
-``tests/alternatives/chNN.py`` must pass every check; every mutant in
+For chapter NN: ``tests/alternatives/chNN.py`` must pass every check; every mutant in
 ``tests/mutants/chNN.py`` must fail the thorough check, and the first check it fails (visible,
-else hidden) must name the idea it missed.
+else hidden) must name the idea it missed. The course's own answers pass every check where
+their notebooks are graded, in both languages (tests/test_grading.py, test_zh_grading.py): a
+solution gets full marks only if each of its TODOs passes its visible and its hidden test.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ import importlib
 import re
 from contextlib import nullcontext
 
-import nbformat
 import pytest
 from conftest import CHAPTERS, REPO
 from subjects import alternative_subjects
 
 from autograder.checks._helpers import verdict_only
 from autograder.hints import in_language
-from autograder.render import load, subjects
 from autograder.table import PARTS
 from course.language import catalogue
 
@@ -36,28 +35,23 @@ def check(chapter, name: str, level: str):
 def _modules(chapter):
     parts = PARTS[chapter.name]
     checks = importlib.import_module(parts.checks)
-    reference = {name: load(target) for name, target in
-                 subjects(nbformat.read(chapter.source, as_version=4)).items()}
     alternative = importlib.import_module(parts.alternatives)
     mutants = importlib.import_module(parts.mutants).MUTANTS
-    return checks, reference, alternative, mutants
+    return checks, alternative, mutants
 
 
 CORRECT = [
-    pytest.param(chapter, kind, name, level, id=f"ch{chapter.number}-{kind}-{name}-{level}")
+    pytest.param(chapter, name, level, id=f"ch{chapter.number}-alternative-{name}-{level}")
     for chapter in CHAPTERS
-    for name in _modules(chapter)[3]
-    for kind in ("reference", "alternative")
+    for name in _modules(chapter)[2]
     for level in LEVELS
 ]
 
 
-@pytest.mark.parametrize(("chapter", "kind", "name", "level"), CORRECT)
-def test_correct_solutions_pass(chapter, kind, name, level):
-    checks, reference, alternative, _ = _modules(chapter)
-    found = [reference[name]] if kind == "reference" else \
-        alternative_subjects(checks, alternative, name)
-    for subject in found:
+@pytest.mark.parametrize(("chapter", "name", "level"), CORRECT)
+def test_alternative_solutions_pass(chapter, name, level):
+    checks, alternative, _ = _modules(chapter)
+    for subject in alternative_subjects(checks, alternative, name):
         check(chapter, name, level)(subject)
 
 
@@ -65,7 +59,7 @@ WRONG = [
     pytest.param(chapter, name, mutant, hint,
                  id=f"ch{chapter.number}-{name}-{mutant.__name__.strip('_')}")
     for chapter in CHAPTERS
-    for name, mutants in _modules(chapter)[3].items()
+    for name, mutants in _modules(chapter)[2].items()
     for mutant, hint in mutants
 ]
 
@@ -104,7 +98,7 @@ def left_in_english(text: str) -> list[str]:
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_every_check_is_exercised_by_mutants(chapter):
-    mutants = _modules(chapter)[3]
+    mutants = _modules(chapter)[2]
     for level, suffix in LEVELS.items():
         module = importlib.import_module(check(chapter, next(iter(mutants)), level).__module__)
         # the chapter's own checks: its module's, and those of its modules split by concern
