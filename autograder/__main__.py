@@ -2,9 +2,9 @@
 
 import sys
 
-from autograder.nbgrader_main import without_uri_grammar
+from course.runtime import without_uri_grammar
 
-without_uri_grammar()  # before nbformat is imported: see autograder.nbgrader_main
+without_uri_grammar()  # before nbformat is imported
 
 from autograder.cli import main  # noqa: E402
 

@@ -1,12 +1,10 @@
 """``python -m autograder.nbgrader_main ARGS``: nbgrader's own command line, started lighter,
 that leaves the grades an ``autograde`` gave where the grader reads them.
 
-jsonschema, which nbgrader loads through nbformat, builds a URI-syntax grammar at import time
-when the optional ``rfc3987_syntax`` package is installed: about one and a half seconds of CPU
-in every grading process, for a format check that nbformat's schema never asks for (nbformat
-validates without format checking). Marking that package as absent makes jsonschema skip it;
-everything else is nbgrader unchanged. The grader's own command line starts the same way
-(``autograder.__main__``).
+nbgrader starts without jsonschema's URI grammar (``course.runtime.without_uri_grammar``:
+about one and a half seconds of CPU in every grading process, for a check nbformat never
+asks for); everything else is nbgrader unchanged. The grader's own command line starts the
+same way (``autograder.__main__``).
 
 With ``KV_COURSE_SCORES`` set to a file, ``autograde ASSIGNMENT --student LEARNER`` also
 writes there, as JSON, the score of each graded cell of the learner's notebook, read with
@@ -19,12 +17,9 @@ import os
 import sys
 from pathlib import Path
 
+from course.runtime import without_uri_grammar
+
 SCORES = "KV_COURSE_SCORES"
-
-
-def without_uri_grammar() -> None:
-    """Make jsonschema skip the grammar; call before nbformat is first imported."""
-    sys.modules.setdefault("rfc3987_syntax", None)
 
 
 def write_scores(coursedir, destination: Path) -> None:

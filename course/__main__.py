@@ -2,7 +2,11 @@
 
 import sys
 
-from course import doctor
+from course.runtime import without_uri_grammar
+
+without_uri_grammar()  # before the doctor imports nbgrader, which imports nbformat
+
+from course import doctor  # noqa: E402
 
 USAGE = "usage: python -m course doctor   (checks this environment for the course)"
 

@@ -59,10 +59,24 @@ def detect() -> Runtime:
     )
 
 
+def without_uri_grammar() -> None:
+    """Keep jsonschema from building its URI grammar in this process: call before nbformat is
+    first imported.
+
+    jsonschema, which nbformat loads, builds a URI-syntax grammar at import time where the
+    optional ``rfc3987_syntax`` package is installed (JupyterLab's environment has it): about
+    one and a half seconds of CPU, for a format check that nbformat never asks for (it
+    validates without format checking). A notebook pays it at its first chart, plotly's
+    renderer importing nbformat; nbgrader pays it at its start. Marking the package absent
+    makes jsonschema skip the grammar; nothing else changes."""
+    sys.modules.setdefault("rfc3987_syntax", None)
+
+
 def setup(quiet: bool = False, language: str | None = None) -> Runtime:
     """Choose GPU or interpreter mode for this kernel and print one line saying which;
     choose the language the course speaks (``course.language.choose``: ``language``, else
     ``KV_COURSE_LANGUAGE``, else English)."""
+    without_uri_grammar()  # the notebook's first chart comes sooner
     choose(language)
     runtime = detect()
     if not runtime.is_gpu:

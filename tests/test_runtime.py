@@ -21,6 +21,17 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
                           env=environment, timeout=300)
 
 
+def test_a_notebooks_first_chart_builds_no_uri_grammar():
+    """Drawing a chart, plotly's renderer imports nbformat and so jsonschema, which builds a
+    URI grammar (about 1.5 s) where rfc3987_syntax is installed; after setup() it does not."""
+    done = _python("import sys, course\ncourse.setup(quiet=True)\n"
+                   "import plotly.graph_objects as go\n"
+                   "go.Figure(go.Bar(x=[1], y=[2]))._repr_mimebundle_()\n"
+                   "print('jsonschema' in sys.modules, sys.modules.get('rfc3987_syntax', 0))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "None"]
+
+
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a CUDA GPU: interpreter mode not chosen")
 def test_setup_without_a_gpu_switches_on_the_interpreter_and_says_so_in_one_line():
     done = _python("import os, course; course.setup(); print(os.environ['TRITON_INTERPRET'])")
