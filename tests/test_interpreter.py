@@ -1,0 +1,75 @@
+"""kernels.interpreter: Triton's interpreter patches its language once per launch, and the
+kernels compute what they computed without it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+# A kernel that calls Triton's own @triton.jit functions (tl.zeros, tl.cdiv, tl.sum, tl.max)
+# in every program, launched before and after ``import kernels`` applies the patch. Every
+# patch Triton makes is counted; the results are compared with torch's.
+SCRIPT = '''
+import json, os
+import torch, triton, triton.language as tl
+from triton.runtime import interpreter
+
+patched = []
+triton_patch = interpreter._patch_lang
+interpreter._patch_lang = lambda fn: patched.append(fn.__name__) or triton_patch(fn)
+
+
+@triton.jit
+def row_stats(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for step in range(0, tl.cdiv(n, BLOCK)):
+        offsets = step * BLOCK + cols
+        acc += tl.load(x_ptr + row * n + offsets, mask=offsets < n, other=0.0)
+    tl.store(out_ptr + 2 * row, tl.sum(acc, axis=0))
+    tl.store(out_ptr + 2 * row + 1, tl.max(acc, axis=0))
+
+
+def expected(x, block):
+    rows, n = x.shape
+    padded = torch.nn.functional.pad(x, (0, -n % block)).reshape(rows, -1, block).sum(1)
+    return torch.stack([padded.sum(1), padded.max(1).values], 1).flatten()
+
+
+def launches(times):
+    found = []
+    for seed in range(times):
+        x = torch.randn(3, 37, generator=torch.Generator().manual_seed(seed))
+        out = torch.empty(6)
+        patched.clear()
+        row_stats[(3,)](x, out, 37, BLOCK=8)
+        found.append({"patches": len(patched),
+                      "right": torch.allclose(out, expected(x, 8), atol=1e-5)})
+    return found
+
+
+before = launches(2)
+import kernels  # noqa: E402,F401  (applies kernels.interpreter under the interpreter)
+after = launches(2)
+print(json.dumps({"before": before, "after": after}))
+'''
+
+
+def test_the_language_is_patched_once_per_launch_and_results_are_unchanged(tmp_path):
+    script = tmp_path / "row_stats.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    # Triton alone: the launch, then each program's calls of its @triton.jit functions
+    assert all(launch["right"] and launch["patches"] > 3 * 4 for launch in found["before"])
+    # patched once: the kernel's module (tl), once Triton's own functions' (tl.core), and
+    # again at the next launch, which begins with the language bound back
+    assert found["after"] == [{"patches": 2, "right": True}] * 2
