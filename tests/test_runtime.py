@@ -65,9 +65,15 @@ def test_setup_with_a_gpu_names_it():
     assert done.stdout.startswith("GPU mode: Triton kernels compile for ")
 
 
-def test_doctor_reports_every_component_and_the_mode():
-    done = subprocess.run([sys.executable, "-m", "course", "doctor"], capture_output=True,
+@pytest.fixture(scope="module")
+def doctor() -> subprocess.CompletedProcess:
+    """``python -m course doctor`` in this environment, run once for the tests that read it."""
+    return subprocess.run([sys.executable, "-m", "course", "doctor"], capture_output=True,
                           text=True, timeout=600)
+
+
+def test_doctor_reports_every_component_and_the_mode(doctor):
+    done = doctor
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     for name in ["python", "torch", "triton", "numpy", "nbgrader", "jupyterlab", "ipywidgets",
@@ -76,13 +82,11 @@ def test_doctor_reports_every_component_and_the_mode():
     assert lines[-1] == "ready for the course"
 
 
-def test_doctor_says_whether_grading_will_be_sandboxed():
+def test_doctor_says_whether_grading_will_be_sandboxed(doctor):
     from autograder.sandbox import probe
 
-    done = subprocess.run([sys.executable, "-m", "course", "doctor"], capture_output=True,
-                          text=True, timeout=600)
-    said = [line for line in done.stdout.splitlines() if line.split()[1:2] == ["sandbox"]]
-    assert len(said) == 1, done.stdout
+    said = [line for line in doctor.stdout.splitlines() if line.split()[1:2] == ["sandbox"]]
+    assert len(said) == 1, doctor.stdout
     # ok where bwrap makes the sandbox; elsewhere a note, not a problem: learners need none
     assert said[0].split()[0] == ("ok" if probe() is None else "--")
     bare = dict(os.environ, PATH=str(Path(sys.executable).parent))  # no bwrap on this PATH
