@@ -4,8 +4,8 @@ Under ``TRITON_INTERPRET=1`` a launch runs the kernel in Python: Triton first re
 builtins of ``triton.language`` to NumPy versions (``interpreter._patch_lang``) and binds
 them back when the launch ends. It patches again at every call of a ``@triton.jit`` function
 from inside the kernel, and ``tl.sum``, ``tl.max``, ``tl.zeros`` and ``tl.cdiv`` are such
-functions: each call walks every member of the language's modules (about a millisecond), a
-fifth of chapter 7's interpreted time (``python -m cProfile`` on its hidden checks).
+functions: each call walks every member of the language's modules (about a millisecond),
+31% of chapter 7's hidden checks under ``cProfile`` and a fifth of their time without it.
 
 Nothing binds the builtins back between two such calls of one launch, so patching the same
 modules a second time rebinds the same names to the same NumPy versions: skipping it changes
