@@ -102,6 +102,7 @@ def test_the_sequence_builds_on_both_per_token_todos():
         "mla_kv_bytes_per_token": ["kv_bytes_per_sequence"]}
 
 
+@pytest.mark.one_wrong_todo
 @pytest.mark.parametrize(("todo", "mutant"), TODOS.one_wrong_cases())
 def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):
     TODOS.costs_that_todo_alone(todo, mutant)

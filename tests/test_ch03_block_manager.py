@@ -181,6 +181,7 @@ _ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant,
                    if "__init__" not in vars(mutant)]  # a changed pool is every TODO's
 
 
+@pytest.mark.one_wrong_todo
 @pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
                          ids=[f"{todo}-{m.__name__}" for todo, m in _ONE_WRONG_TODO])
 def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):

@@ -165,6 +165,7 @@ def _learners(todo: str, mutant) -> dict:
 _ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant, _ in found]
 
 
+@pytest.mark.one_wrong_todo
 @pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
                          ids=[f"{todo}-{m.__name__.strip('_')}" for todo, m in _ONE_WRONG_TODO])
 def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):

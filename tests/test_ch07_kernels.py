@@ -206,6 +206,7 @@ def _passes_its_hidden_check(todo: str, subject: Any) -> None:
     getattr(hidden, f"check_{todo}_thoroughly")(subject)
 
 
+@pytest.mark.one_wrong_todo
 @pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
                          ids=[f"{todo}-{m.__name__.strip('_')}" for todo, m in _ONE_WRONG_TODO])
 def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):

@@ -134,6 +134,7 @@ def test_the_todos_that_build_on_earlier_ones():
         "abort": ["decode_surviving_faults"]}
 
 
+@pytest.mark.one_wrong_todo
 @pytest.mark.parametrize(("todo", "mutant"), TODOS.one_wrong_cases())
 def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):
     TODOS.costs_that_todo_alone(todo, mutant)
