@@ -13,17 +13,25 @@ nothing the kernel computes. Triton's own patch does everything else, as it woul
 
     launch ──► patch tl ── tl.sum ──► patch tl.core ── tl.max ──► (tl.core done) ── ... ──►
                bind back at the end of the launch: the next launch patches afresh
+
+The modules that define kernels call ``patch_once_per_launch`` when imported (``split_kv``,
+which the others launch through, and ``paged_attention_steps``), so a module of PyTorch
+references (``paged_attention_ref``) still imports no Triton.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from types import ModuleType
 
 
 def patch_once_per_launch() -> None:
-    """Make this process's Triton interpreter patch each set of language modules once per
-    launch. Idempotent; does nothing where Triton's interpreter is not built as assumed."""
+    """Under ``TRITON_INTERPRET=1``, make this process's Triton interpreter patch each set of
+    language modules once per launch. Idempotent; does nothing on a GPU, or where Triton's
+    interpreter is not built as assumed."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
     from triton.runtime import interpreter
 
     patch = getattr(interpreter, "_patch_lang", None)
@@ -38,7 +46,8 @@ def _once_per_launch(patch: Callable, interpreter: ModuleType) -> Callable:
     language = (interpreter.tl, interpreter.tl.core)
 
     class _EndOfLaunch:
-        """The launch's own scope: binding back ends what the launch patched."""
+        """A patch's scope: Triton binds the launch's back when the launch ends, and from
+        then on every module set is patched afresh."""
 
         def __init__(self, scope) -> None:
             self.scope = scope

@@ -21,6 +21,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.interpreter import patch_once_per_launch
+
+patch_once_per_launch()  # under the interpreter: see kernels.interpreter
+
 
 @triton.jit
 def one_block_kernel(

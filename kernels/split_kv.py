@@ -23,6 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.interpreter import patch_once_per_launch
+
+patch_once_per_launch()  # under the interpreter: see kernels.interpreter
+
 MIN_BLOCKS_PER_SPLIT = 16
 """Fewer blocks than this per program and the merge's extra traffic outweighs the gain."""
 

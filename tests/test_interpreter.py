@@ -11,8 +11,8 @@ import sys
 from conftest import REPO
 
 # A kernel that calls Triton's own @triton.jit functions (tl.zeros, tl.cdiv, tl.sum, tl.max)
-# in every program, launched before and after ``import kernels`` applies the patch. Every
-# patch Triton makes is counted; the results are compared with torch's.
+# in every program, launched before and after importing a module of kernels applies the
+# patch. Every patch Triton makes is counted; the results are compared with torch's.
 SCRIPT = '''
 import json, os
 import torch, triton, triton.language as tl
@@ -54,7 +54,7 @@ def launches(times):
 
 
 before = launches(2)
-import kernels  # noqa: E402,F401  (applies kernels.interpreter under the interpreter)
+import kernels.split_kv  # noqa: E402,F401  (a module of kernels: it applies kernels.interpreter)
 after = launches(2)
 print(json.dumps({"before": before, "after": after}))
 '''
@@ -73,3 +73,14 @@ def test_the_language_is_patched_once_per_launch_and_results_are_unchanged(tmp_p
     # patched once: the kernel's module (tl), once Triton's own functions' (tl.core), and
     # again at the next launch, which begins with the language bound back
     assert found["after"] == [{"patches": 2, "right": True}] * 2
+
+
+def test_a_module_of_pytorch_references_imports_no_triton():
+    """Chapters 6 and 8 use the PyTorch references alone: importing them loads no Triton
+    (about a second), interpreter or not."""
+    script = ("import sys, course\ncourse.setup(quiet=True)\n"
+              "import kernels.paged_attention_ref\nprint('triton' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"]
