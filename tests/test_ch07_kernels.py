@@ -186,10 +186,10 @@ def _notebook(todo: str | None, mutant: Any) -> dict[str, Any]:
     namespace = dict(vars(course_kernels))  # the imports of the notebook's first cells
     namespace.update({name: getattr(importlib.import_module(module), name)
                       for name, module in _TODOS.items()})
+    reads_todo = todo is None or todo in _READ_BY_WRAPPER
     for function in _WRAPPER:
-        namespace[function.__name__] = _course_notebook()[function.__name__] \
-            if todo is not None and todo not in _READ_BY_WRAPPER else \
-            _in_namespace(function, namespace)
+        namespace[function.__name__] = (_in_namespace(function, namespace) if reads_todo
+                                        else _course_notebook()[function.__name__])
     if todo is not None:
         namespace[todo] = mutant
     return namespace

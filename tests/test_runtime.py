@@ -73,12 +73,11 @@ def doctor() -> subprocess.CompletedProcess:
 
 
 def test_doctor_reports_every_component_and_the_mode(doctor):
-    done = doctor
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    lines = doctor.stdout.splitlines()
     for name in ["python", "torch", "triton", "numpy", "nbgrader", "jupyterlab", "ipywidgets",
                  "plotly", "mode"]:
-        assert any(line.split()[:2] == ["ok", name] for line in lines), (name, done.stdout)
+        assert any(line.split()[:2] == ["ok", name] for line in lines), (name, doctor.stdout)
     assert lines[-1] == "ready for the course"
 
 
