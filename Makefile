@@ -24,16 +24,23 @@ PROXY := hub/node_modules/.package-lock.json
 
 setup: $(INSTALLED) $(PROXY)
 
+# The course's packages are installed by uv, which links them from its cache where pip unpacks
+# every wheel afresh (about 50 s of a fresh setup here, against 15 with uv). uv reads its own
+# settings, not pip's: it is given the index pip would use (PIP_INDEX_URL, else pip's
+# configured global.index-url), so that a mirror set for pip serves both.
+PIP_INDEX = $(or $(PIP_INDEX_URL),$(shell $(PYTHON) -m pip config get global.index-url 2>/dev/null))
+
 $(INSTALLED):
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade pip 'uv>=0.9'
 	@if nvidia-smi -L >/dev/null 2>&1; then \
 	    echo "NVIDIA GPU found: torch comes from the package requirements"; \
 	else \
 	    echo "No NVIDIA GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
 	    $(BIN)/python -m pip install --quiet $(TORCH_CPU); \
 	fi
-	$(BIN)/python -m pip install --quiet -e '.[grader,dev,hub,cluster]'
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode \
+	    $(if $(PIP_INDEX),--default-index $(PIP_INDEX)) -e '.[grader,dev,hub,cluster]'
 	$(BIN)/python -m course doctor
 	rm -f $(VENV)/.installed*
 	touch $@
