@@ -27,10 +27,14 @@ setup: $(INSTALLED) $(PROXY)
 # Everything is installed by uv, which links packages from its cache and compiles them on
 # every core, where pip unpacks and compiles each wheel afresh on one (a fresh setup here: 88 s
 # with pip, 68 s with uv for all but torch, 36 to 40 s with torch too). uv reads its own settings,
-# not pip's: it is given the index pip would use (PIP_INDEX_URL, else pip's configured
-# global.index-url), so that a mirror set for pip serves both; and the CPU build of torch is
-# the wheel pip finds for $(TORCH_CPU), downloaded first.
-PIP_INDEX = $(or $(PIP_INDEX_URL),$(shell $(PYTHON) -m pip config get global.index-url 2>/dev/null))
+# not pip's: every command make runs (setup, and the tests' own uv) is given the index pip
+# would use (PIP_INDEX_URL, else pip's configured global.index-url) unless UV_DEFAULT_INDEX is
+# set, so that a mirror set for pip serves both; and the CPU build of torch is the wheel pip
+# finds for $(TORCH_CPU), downloaded first.
+PIP_INDEX := $(or $(PIP_INDEX_URL),$(shell $(PYTHON) -m pip config get global.index-url 2>/dev/null))
+ifneq ($(PIP_INDEX),)
+export UV_DEFAULT_INDEX ?= $(PIP_INDEX)
+endif
 TORCH_WHEEL := $(VENV)/torch-cpu
 
 $(INSTALLED):
@@ -44,7 +48,6 @@ $(INSTALLED):
 	    $(BIN)/python -m pip download --quiet --no-deps --dest $(TORCH_WHEEL) $(TORCH_CPU); \
 	fi
 	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode \
-	    $(if $(PIP_INDEX),--default-index $(PIP_INDEX)) \
 	    $$(find $(TORCH_WHEEL) -name 'torch-*.whl' 2>/dev/null) -e '.[grader,dev,hub,cluster]'
 	rm -rf $(TORCH_WHEEL)
 	$(BIN)/python -m course doctor
