@@ -8,8 +8,10 @@ own (the reference's source with one edit) and imported from there.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import inspect
+import shutil
 import tempfile
 import textwrap
 from pathlib import Path
@@ -24,6 +26,7 @@ from kernels.split_kv import run_split_kv
 from mutants import Rule
 
 _FOLDER = Path(tempfile.mkdtemp(prefix="ch07-mutants-"))
+atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)  # once no kernel runs
 
 
 def _mutant(kernel, name: str, old: str, new: str, times: int = 1):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import inspect
+import shutil
 import tempfile
 import textwrap
 from pathlib import Path
@@ -174,6 +176,7 @@ def _engine_step_with(sample_every_chunk=False, write_first=True, positions_from
 
 
 _FOLDER = Path(tempfile.mkdtemp(prefix="ch09-mutants-"))
+atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)  # once no kernel runs
 
 
 def _mutant(kernel, name: str, old: str, new: str):
