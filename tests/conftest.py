@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import fcntl
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -65,6 +67,25 @@ def max_points(chapter) -> float:
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def once_per_run(tmp_path_factory):
+    """``once_per_run(name, compute)``: what ``compute()`` returns (a JSON value), computed by
+    the first of the run's workers to ask and read by the others from the folder they share
+    (pytest-xdist gives each worker a folder in the run's own)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+    def once(name: str, compute):
+        path = folder / f"{name}.json"
+        with open(folder / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait for the first to write it
+            if not path.exists():
+                path.write_text(json.dumps(compute()))
+        return json.loads(path.read_text())
+
+    return once
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,7 +1,13 @@
-"""A notebook with one wrong TODO, for the tests that one bug costs one TODO in the chapters
-whose TODOs are functions: the course's answers (a library module's functions), a mutant in
-the place of one, each finding the others by name in the notebook's namespace, as the
-notebook's functions do."""
+"""A notebook with one wrong TODO, for the tests that one bug costs one TODO.
+
+In the chapters whose TODOs are functions: the course's answers (a library module's
+functions), a mutant in the place of one, each finding the others by name in the notebook's
+namespace, as the notebook's functions do; a wrong TODO is checked against the TODOs whose
+answers call it (``FunctionTodos.callers``). In the chapters whose TODOs are a class's
+methods: a mutant is the course's class with one mistake, and a check that never looks up
+what the mutant changes (``looked_up``, ``reaches``) runs on it exactly as on the course's
+class, so it cannot cost the wrong TODO's neighbours a point.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import re
 import types
 from collections.abc import Callable, Mapping
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -19,6 +26,50 @@ def names_read(code: types.CodeType) -> set[str]:
     """The names ``code`` reads (global and attribute names), its comprehensions' included."""
     return set(code.co_names).union(*(names_read(inner) for inner in code.co_consts
                                       if isinstance(inner, types.CodeType)))
+
+
+class _Noted:
+    """A method of a class under record (a function, static or class method): each lookup of
+    it notes its name, then returns what the lookup would have."""
+
+    def __init__(self, name: str, attribute: Any, seen: set[str]) -> None:
+        self.name, self.attribute, self.seen = name, attribute, seen
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        self.seen.add(self.name)
+        return self.attribute.__get__(instance, owner)
+
+
+_METHODS = (types.FunctionType, staticmethod, classmethod)
+# What a class statement defines on every class, besides what its body says.
+_BOOKKEEPING = {"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+                "__firstlineno__", "__static_attributes__", "__annotations__"}
+
+
+def looked_up(check: Callable[[type], None], course: type) -> set[str]:
+    """The methods of ``course`` (its own and its bases', up to ``object``) that ``check``
+    looks up when it runs on ``course``: called, or taken as a bound method. Recorded on a
+    subclass whose every method notes each lookup; fails where ``check`` fails on the course's
+    class."""
+    seen: set[str] = set()
+    noted = {name: _Noted(name, attribute, seen) for owner in reversed(course.__mro__[:-1])
+             for name, attribute in vars(owner).items() if isinstance(attribute, _METHODS)}
+    if "__eq__" in noted:  # a class body's __eq__ alone would make its instances unhashable
+        noted["__hash__"] = course.__hash__
+    check(type(course.__name__, (course,), noted))
+    return seen
+
+
+def reaches(looked: set[str], mutant: type, course: type) -> bool:
+    """Whether a check that looks up ``looked`` on ``course`` can meet what ``mutant`` (a
+    subclass of ``course``) changes. Where it looks up none of the methods ``mutant``
+    redefines, it runs on ``mutant`` step for step as on ``course``: the same calls with the
+    same results (hypothesis's cases are derandomized). A changed constant or property is
+    read, and no lookup of it is noted: a mutant that changes one reaches every check."""
+    changed = {name: attribute for owner in mutant.__mro__ if owner not in course.__mro__
+               for name, attribute in vars(owner).items() if name not in _BOOKKEEPING}
+    return not all(isinstance(a, _METHODS) for a in changed.values()) or bool(
+        looked & set(changed))
 
 
 def unwritten(*args, **kwargs):

@@ -8,7 +8,8 @@ from collections import deque
 
 import pytest
 from alternatives.ch03 import ALTERNATIVES
-from mutants.ch03 import MUTANTS, ONLY_SLOWER, UNSEEN_BY_THE_PROBE
+from mutants.ch03 import MUTANTS, ONLY_SLOWER, UNSEEN_BY_THE_PROBE, PrematureFree
+from one_wrong_todo import looked_up, reaches
 
 from course import bench
 from course.bench import NaiveFreeListManager, naive, paired_runs, trace_ops_per_second
@@ -184,14 +185,43 @@ _ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant,
 @pytest.mark.one_wrong_todo
 @pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
                          ids=[f"{todo}-{m.__name__}" for todo, m in _ONE_WRONG_TODO])
-def test_one_wrong_todo_costs_that_todo_alone(todo, mutant):
+def test_one_wrong_todo_costs_that_todo_alone(todo, mutant, once_per_run):
     """A BlockManager right but for one TODO: every other TODO's hidden test passes (the
-    methods they build on lent from the course where the learner's fail)."""
+    methods they build on lent from the course where the learner's fail). A hidden test that
+    never looks up what the mutant changes runs on it as on the course's class, which passes
+    it (``one_wrong_todo.reaches``): it is not run again."""
     from autograder.hidden import ch03 as hidden
 
+    looked = once_per_run("ch03-hidden-lookups", lambda: {
+        other: sorted(looked_up(getattr(hidden, check), BlockManager))
+        for other, check in _HIDDEN_OF.items()})
     for other, check in _HIDDEN_OF.items():
-        if other != todo and other not in _SAME_METHOD.get(todo, ()):
+        if other != todo and other not in _SAME_METHOD.get(todo, ()) and reaches(
+                set(looked[other]), mutant, BlockManager):
             getattr(hidden, check)(mutant)
+
+
+def test_what_a_check_looks_up_is_recorded_and_decides_whether_a_mistake_can_reach_it():
+    """What the one-wrong-TODO sweep relies on to skip a check: every lookup of a method is
+    noted (a call, a bound method taken, the constructor), a check that looks up none of what
+    a mutant changes passes on it as on the course's class (free's mistake and allocate's
+    hidden test, run anyway), and a changed constant reaches every check."""
+    from autograder.hidden import ch03 as hidden
+
+    def check(cls):
+        bm = cls(4, 2)
+        bm.allocate(0, 3)
+        taken = bm.free  # a bound method, never called
+        assert callable(taken)
+
+    assert {"__init__", "allocate", "free"} <= looked_up(check, BlockManager)
+    assert "fork" not in looked_up(check, BlockManager)
+    allocates = looked_up(hidden.check_allocate_thoroughly, BlockManager)
+    assert not reaches(allocates, PrematureFree, BlockManager)
+    hidden.check_allocate_thoroughly(PrematureFree)
+    assert reaches(allocates, type("Bigger", (PrematureFree,), {"DEFAULT_BLOCKS": 8}),
+                   BlockManager)
+    assert reaches({"free"}, PrematureFree, BlockManager)
 
 
 def _with_allocate_one_block_too_many(base: type) -> type:
