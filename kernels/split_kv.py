@@ -23,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.interpreter import patch_once_per_launch
+from kernels.interpreter import lighten
 
-patch_once_per_launch()  # under the interpreter: see kernels.interpreter
+lighten()  # under the interpreter: see kernels.interpreter
 
 MIN_BLOCKS_PER_SPLIT = 16
 """Fewer blocks than this per program and the merge's extra traffic outweighs the gain."""

@@ -1,5 +1,6 @@
-"""kernels.interpreter: Triton's interpreter patches its language once per launch, and the
-kernels compute what they computed without it."""
+"""kernels.interpreter: Triton's interpreter patches its language once per launch and builds
+no overflow check that nothing reads, and the kernels compute what they computed without
+it."""
 
 from __future__ import annotations
 
@@ -11,16 +12,21 @@ import sys
 from conftest import REPO
 
 # A kernel that calls Triton's own @triton.jit functions (tl.zeros, tl.cdiv, tl.sum, tl.max)
-# in every program, launched before and after importing a module of kernels applies the
-# patch. Every patch Triton makes is counted; the results are compared with torch's.
+# in every program and does 32-bit index arithmetic, launched before and after importing a
+# module of kernels lightens the interpreter. Every patch Triton makes is counted, and every
+# overflow check handed to device_assert (which drops it: the interpreter never debugs); the
+# results are compared with torch's.
 SCRIPT = '''
 import json, os
 import torch, triton, triton.language as tl
+from triton.language.semantic import TritonSemantic
 from triton.runtime import interpreter
 
-patched = []
+patched, asserted = [], []
 triton_patch = interpreter._patch_lang
 interpreter._patch_lang = lambda fn: patched.append(fn.__name__) or triton_patch(fn)
+triton_assert = TritonSemantic.device_assert
+TritonSemantic.device_assert = lambda self, *a: asserted.append(a[1]) or triton_assert(self, *a)
 
 
 @triton.jit
@@ -47,20 +53,23 @@ def launches(times):
         x = torch.randn(3, 37, generator=torch.Generator().manual_seed(seed))
         out = torch.empty(6)
         patched.clear()
+        asserted.clear()
         row_stats[(3,)](x, out, 37, BLOCK=8)
-        found.append({"patches": len(patched),
+        found.append({"patches": len(patched), "overflow checks": len(asserted),
                       "right": torch.allclose(out, expected(x, 8), atol=1e-5)})
     return found
 
 
+debugging = interpreter.interpreter_builder.options.debug
 before = launches(2)
 import kernels.split_kv  # noqa: E402,F401  (a module of kernels: it applies kernels.interpreter)
 after = launches(2)
-print(json.dumps({"before": before, "after": after}))
+print(json.dumps({"before": before, "after": after, "debugging": debugging}))
 '''
 
 
-def test_the_language_is_patched_once_per_launch_and_results_are_unchanged(tmp_path):
+def test_the_interpreter_drops_no_work_whose_result_it_reads(tmp_path):
+    """The language patched once per launch, no overflow check built, the same results."""
     script = tmp_path / "row_stats.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
@@ -68,11 +77,14 @@ def test_the_language_is_patched_once_per_launch_and_results_are_unchanged(tmp_p
                           env=env, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.splitlines()[-1])
-    # Triton alone: the launch, then each program's calls of its @triton.jit functions
-    assert all(launch["right"] and launch["patches"] > 3 * 4 for launch in found["before"])
+    # Triton alone: the launch, then each program's calls of its @triton.jit functions; an
+    # overflow check for each 32-bit + and *, handed to a device_assert that drops it
+    assert found["debugging"] is False
+    assert all(launch["right"] and launch["patches"] > 3 * 4
+               and launch["overflow checks"] > 3 * 3 for launch in found["before"])
     # patched once: the kernel's module (tl), once Triton's own functions' (tl.core), and
-    # again at the next launch, which begins with the language bound back
-    assert found["after"] == [{"patches": 2, "right": True}] * 2
+    # again at the next launch, which begins with the language bound back; no overflow check
+    assert found["after"] == [{"patches": 2, "overflow checks": 0, "right": True}] * 2
 
 
 def test_a_module_of_pytorch_references_imports_no_triton():
@@ -84,3 +96,21 @@ def test_a_module_of_pytorch_references_imports_no_triton():
                           timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False"]
+
+
+def test_overflow_checks_stay_where_the_interpreter_would_debug():
+    """Where the options ask for debugging, device_assert raises on an overflow: the checks
+    are kept. Without, they are turned off."""
+    import dataclasses
+    import types
+
+    from triton.runtime.interpreter import InterpreterOptions
+
+    from kernels.interpreter import _no_unread_overflow_checks
+
+    for debug in (True, False):
+        builder = types.SimpleNamespace(options=InterpreterOptions(debug=debug))
+        _no_unread_overflow_checks(types.SimpleNamespace(interpreter_builder=builder))
+        assert builder.options.sanitize_overflow is debug
+        assert builder.options == dataclasses.replace(InterpreterOptions(debug=debug),
+                                                      sanitize_overflow=debug)
