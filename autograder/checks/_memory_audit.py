@@ -11,7 +11,11 @@ then ask which elements of a tensor each program touched.
 The audit also fences each launch in: a lane whose address lies in none of the launch's
 tensor arguments' storages is written down but not performed (a load gets ``other``, a store
 is dropped), so a kernel that stores past its output's end, or reads a block far past the
-pool, fails a check with a hint instead of corrupting memory or killing the process.
+pool, fails a check with a hint instead of corrupting memory or killing the process. A store
+writes one tensor: its lanes are performed only inside the argument that holds most of them.
+A store past the output's end lands, as often as not, in the storage the launcher allocated
+next (the requests' lengths or offsets): performed, it would send later programs' loops over
+millions of blocks.
 
 Off the interpreter (a GPU) nothing is recorded and ``active`` is False: the checks that
 need it say so and skip it.
@@ -71,16 +75,19 @@ class MemoryAudit:
             return args_hst, kwargs_hst
 
         def record(kind: str, ptrs, mask):
-            """Write the access down; return the mask less the lanes outside the fence."""
+            """Write the access down; return the mask less the lanes outside the fence: for a
+            load, every argument; for a store, the argument that holds most of its lanes."""
             data = np.asarray(ptrs.data)
             keep = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
             self.accesses.append(Access(kind, tuple(builder.grid_idx), data[keep].astype(
                 np.uint64), tuple(np.nonzero(keep)), data.shape))
             if not self._fence:
                 return mask
-            inside = np.zeros(data.shape, dtype=bool)
-            for start, end in self._fence:
-                inside |= (data >= start) & (data < end)
+            regions = [(data >= start) & (data < end) for start, end in self._fence]
+            if kind == "store":
+                inside = max(regions, key=lambda lanes: np.count_nonzero(lanes & keep))
+            else:
+                inside = np.logical_or.reduce(regions)
             if (inside | ~keep).all():
                 return mask
             return dataclasses.replace(mask, data=np.ascontiguousarray(keep & inside))
