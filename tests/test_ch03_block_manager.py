@@ -182,6 +182,15 @@ _ONE_WRONG_TODO = [(todo, mutant) for todo, found in MUTANTS.items() for mutant,
                    if "__init__" not in vars(mutant)]  # a changed pool is every TODO's
 
 
+def _hidden_lookups(once_per_run) -> dict[str, set[str]]:
+    """TODO -> the BlockManager methods its hidden test looks up on the course's class."""
+    from autograder.hidden import ch03 as hidden
+
+    return {other: set(names) for other, names in once_per_run("ch03-hidden-lookups", lambda: {
+        other: sorted(looked_up(getattr(hidden, check), BlockManager))
+        for other, check in _HIDDEN_OF.items()}).items()}
+
+
 @pytest.mark.one_wrong_todo
 @pytest.mark.parametrize(("todo", "mutant"), _ONE_WRONG_TODO,
                          ids=[f"{todo}-{m.__name__}" for todo, m in _ONE_WRONG_TODO])
@@ -192,16 +201,15 @@ def test_one_wrong_todo_costs_that_todo_alone(todo, mutant, once_per_run):
     it (``one_wrong_todo.reaches``): it is not run again."""
     from autograder.hidden import ch03 as hidden
 
-    looked = once_per_run("ch03-hidden-lookups", lambda: {
-        other: sorted(looked_up(getattr(hidden, check), BlockManager))
-        for other, check in _HIDDEN_OF.items()})
+    looked = _hidden_lookups(once_per_run)
     for other, check in _HIDDEN_OF.items():
         if other != todo and other not in _SAME_METHOD.get(todo, ()) and reaches(
-                set(looked[other]), mutant, BlockManager):
+                looked[other], mutant, BlockManager):
             getattr(hidden, check)(mutant)
 
 
-def test_what_a_check_looks_up_is_recorded_and_decides_whether_a_mistake_can_reach_it():
+def test_what_a_check_looks_up_is_recorded_and_decides_whether_a_mistake_can_reach_it(
+        once_per_run):
     """What the one-wrong-TODO sweep relies on to skip a check: every lookup of a method is
     noted (a call, a bound method taken, the constructor), a check that looks up none of what
     a mutant changes passes on it as on the course's class (free's mistake and allocate's
@@ -214,9 +222,9 @@ def test_what_a_check_looks_up_is_recorded_and_decides_whether_a_mistake_can_rea
         taken = bm.free  # a bound method, never called
         assert callable(taken)
 
-    assert {"__init__", "allocate", "free"} <= looked_up(check, BlockManager)
-    assert "fork" not in looked_up(check, BlockManager)
-    allocates = looked_up(hidden.check_allocate_thoroughly, BlockManager)
+    looked = looked_up(check, BlockManager)
+    assert {"__init__", "allocate", "free"} <= looked and "fork" not in looked
+    allocates = _hidden_lookups(once_per_run)["allocate"]  # as the sweep reads it
     assert not reaches(allocates, PrematureFree, BlockManager)
     hidden.check_allocate_thoroughly(PrematureFree)
     assert reaches(allocates, type("Bigger", (PrematureFree,), {"DEFAULT_BLOCKS": 8}),
