@@ -57,6 +57,28 @@ def nbgrader(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
     return done
 
 
+def selected(request, argname: str) -> list:
+    """The values of ``argname`` that the run's selected tests of the requesting module take,
+    in order: a module fixture that serves one parametrized test builds only what ``-k``
+    kept."""
+    values = []
+    for item in request.session.items:
+        value = getattr(item, "callspec", None) and item.callspec.params.get(argname)
+        if item.module is request.module and value is not None and value not in values:
+            values.append(value)
+    return values
+
+
+def printed(stdout: str, notebook: Path) -> str:
+    """What ``grade`` printed for ``notebook``: its heading line and the lines under it."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith((f"{notebook}:",
+                                                                        f"{notebook} (")))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")),
+               len(lines))
+    return "\n".join(lines[start:end])
+
+
 def max_points(chapter) -> float:
     """The points a chapter's graded cells are worth."""
     notebook = nbformat.read(chapter.source, as_version=4)

@@ -358,7 +358,7 @@ def graded(outside):
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "autograder", "grade-all", "uploads", "--jobs", "2",
-         "--cell-timeout", "30", "--notebook-timeout", "300", "--json", "results.json"],
+         "--cell-timeout", "15", "--notebook-timeout", "300", "--json", "results.json"],
         cwd=folder, capture_output=True, text=True, timeout=3000)
     return folder, done, expected, time.monotonic() - started
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import CHAPTERS, grade, max_points
+from conftest import CHAPTERS, grade, max_points, printed, selected
 from mutants import ch01 as mutants
 from notebook_variants import (
     borrowed,
@@ -53,13 +53,10 @@ def _warner(num_layers, num_kv_heads, head_dim, bytes_per_element):
     return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
-def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, repo, tmp_path):
-    """The instructor's solution (earlier chapters' answers used as the notebook intends),
-    every cell a learner is given to change edited, and a differently written correct one get
-    full marks; the unfilled exercise and one whose every TODO borrows the course's own answer
-    (imported, aliased through importlib, wrapped, partial, a method copied, delegated to,
-    inherited) get zero, each test saying why."""
+def _four_notebooks(chapter, repo: Path, folder: Path) -> list[Path]:
+    """The instructor's solution (every cell a learner is given to change edited), the
+    unfilled exercise, a differently written correct one, and one whose every TODO borrows
+    the course's own answer."""
     exercise = repo / "exercises" / f"{chapter.name}.ipynb"
     parts = PARTS[chapter.name]
     alternative = importlib.import_module(parts.alternatives)
@@ -71,16 +68,38 @@ def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, rep
         solutions = dict.fromkeys(names, whole)
     else:
         solutions = from_module(alternative, names)
-    alternative_notebook = fill(exercise, tmp_path / "alternative" / f"{chapter.name}.ipynb",
-                                solutions)
-    borrowing = borrowed(exercise, tmp_path / "borrowed" / f"{chapter.name}.ipynb",
-                         chapter.source)
-    report = tmp_path / "report.json"
-    edited = tmp_path / "solution" / f"{chapter.name}.ipynb"
+    edited = folder / "solution" / f"{chapter.name}.ipynb"
     given_cells_edited(chapter.source, edited)
-    done = grade("grade", edited, exercise, alternative_notebook, borrowing, "--json", report)
+    return [edited, exercise,
+            fill(exercise, folder / "alternative" / f"{chapter.name}.ipynb", solutions),
+            borrowed(exercise, folder / "borrowed" / f"{chapter.name}.ipynb", chapter.source)]
+
+
+@pytest.fixture(scope="module")
+def every_chapter(request, repo, tmp_path_factory):
+    """Each chapter's four notebooks, all graded by one `grade` command, as an instructor
+    grades a folder of a class's notebooks (the chapters this run selects): chapter name ->
+    (the four results, in order; what was printed for the solution)."""
+    folder = tmp_path_factory.mktemp("chapters")
+    four = {chapter.name: _four_notebooks(chapter, repo, folder / chapter.name)
+            for chapter in selected(request, "chapter")}
+    report = folder / "report.json"
+    done = grade("grade", *(path for paths in four.values() for path in paths), "--json", report)
     assert done.returncode == 0, done.stderr
-    solution, unfilled, other, borrower = json.loads(report.read_text())
+    by_notebook = {result["notebook"]: result for result in json.loads(report.read_text())}
+    return {name: ([by_notebook[str(path)] for path in paths], printed(done.stdout, paths[0]))
+            for name, paths in four.items()}
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, every_chapter):
+    """The instructor's solution (earlier chapters' answers used as the notebook intends),
+    every cell a learner is given to change edited, and a differently written correct one get
+    full marks; the unfilled exercise and one whose every TODO borrows the course's own answer
+    (imported, aliased through importlib, wrapped, partial, a method copied, delegated to,
+    inherited) get zero, each test saying why."""
+    (solution, unfilled, other, borrower), shown = every_chapter[chapter.name]
+    names = list(importlib.import_module(PARTS[chapter.name].mutants).MUTANTS)
     full = max_points(chapter)
     assert full > 0 and len(solution["tests"]) == 2 * len(names)  # visible + hidden per TODO
     assert (solution["score"], solution["max_score"]) == (full, full)
@@ -97,7 +116,7 @@ def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, rep
                              "runtime", "score", "max_score", "language", "tests"}
     assert solution["language"] == "en"
     assert set(solution["tests"][0]) == {"id", "points", "max_points", "passed", "message"}
-    assert f"score: {full:g} / {full:g}" in done.stdout and "graded on " in done.stdout
+    assert f"score: {full:g} / {full:g}" in shown and "graded on " in shown, shown
 
 
 @pytest.fixture(scope="module")

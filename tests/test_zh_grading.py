@@ -12,7 +12,7 @@ import re
 import shutil
 
 import pytest
-from conftest import CHAPTERS, grade, max_points
+from conftest import CHAPTERS, grade, max_points, printed, selected
 from notebook_variants import given_cells_edited
 
 from autograder.chapters import EXERCISES
@@ -21,17 +21,31 @@ ZH = "zh_CN"
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
+@pytest.fixture(scope="module")
+def every_chapter(request, tmp_path_factory):
+    """Each chapter's Chinese solution (every cell a learner is given to change edited, as
+    they try things there) and unfilled exercise, all graded by one `grade` command (the
+    chapters this run selects): chapter name -> (the two results; what was printed for the
+    solution)."""
+    folder = tmp_path_factory.mktemp("chapters")
+    two = {}
+    for chapter in selected(request, "chapter"):
+        solution = folder / chapter.name / f"{chapter.name}.ipynb"
+        given_cells_edited(chapter.source_in(ZH), solution)
+        two[chapter.name] = [solution, EXERCISES / ZH / f"{chapter.name}.ipynb"]
+    report = folder / "report.json"
+    done = grade("grade", *(path for paths in two.values() for path in paths), "--json", report)
+    assert done.returncode == 0, done.stderr
+    by_notebook = {result["notebook"]: result for result in json.loads(report.read_text())}
+    return {name: ([by_notebook[str(path)] for path in paths], printed(done.stdout, paths[0]))
+            for name, paths in two.items()}
+
+
 @pytest.mark.pipeline
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_a_chinese_solution_grades_full_marks_and_its_exercise_zero_in_chinese(chapter,
-                                                                              tmp_path):
-    solution = tmp_path / "solution" / f"{chapter.name}.ipynb"
-    given_cells_edited(chapter.source_in(ZH), solution)  # as a learner tries things in them
-    exercise = EXERCISES / ZH / f"{chapter.name}.ipynb"
-    report = tmp_path / "report.json"
-    done = grade("grade", solution, exercise, "--json", report)
-    assert done.returncode == 0, done.stderr
-    graded, unfilled = json.loads(report.read_text())
+                                                                              every_chapter):
+    (graded, unfilled), shown = every_chapter[chapter.name]
     full = max_points(chapter)
     assert (graded["chapter"], graded["language"]) == (chapter.name, ZH)
     assert (graded["score"], graded["max_score"]) == (full, full), [
@@ -39,7 +53,7 @@ def test_a_chinese_solution_grades_full_marks_and_its_exercise_zero_in_chinese(c
     assert (unfilled["score"], unfilled["max_score"]) == (0, full)
     assert all("还没有实现" in t["message"] for t in unfilled["tests"]), [
         t["message"] for t in unfilled["tests"]]
-    assert f"得分：{full:g} / {full:g}" in done.stdout and "通过" in done.stdout
+    assert f"得分：{full:g} / {full:g}" in shown and "通过" in shown, shown
 
 
 @pytest.mark.pipeline
