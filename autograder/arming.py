@@ -55,8 +55,8 @@ def arm(chapter: str | None = None) -> None:
 def install_tripwires(slug: str) -> list[str]:
     """Make each answer of chapter ``slug`` a tripwire, wherever the library binds it; return
     their names. Nothing for an unknown chapter."""
+    from autograder.answers import chapter_answers
     from autograder.borrowing import tripwire
-    from autograder.render import chapter_answers
     from autograder.table import PARTS
 
     if slug not in PARTS:

@@ -39,18 +39,10 @@ from pathlib import Path
 
 import nbformat
 
+from autograder.answers import BEGIN, END, LIBRARY, chapter_answers, module_file, span
 from autograder.chapters import EXERCISES, REPO, Chapter, chapters
 from autograder.private import record
-from autograder.render import (
-    BEGIN,
-    END,
-    LIBRARY,
-    chapter_answers,
-    load,
-    module_file,
-    span,
-    subjects,
-)
+from autograder.render import load, subjects
 from autograder.repository import set_setup_cell, url
 from autograder.table import PARTS
 from autograder.translation import TRANSLATED

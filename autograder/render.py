@@ -21,20 +21,16 @@ Sources are read as text (``ast``), never imported: kernels must not be defined 
 from __future__ import annotations
 
 import ast
-import importlib.util
+import importlib
 import textwrap
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autograder.answers import definition, find, holds_answer, span
 from autograder.table import PARTS
 
 if TYPE_CHECKING:  # nbformat is slow to import, and the grading kernel needs none of it
     import nbformat
-
-BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-
 
 @dataclass(frozen=True)
 class Answer:
@@ -49,58 +45,9 @@ class Answer:
         return self.qualname.rsplit(".", 1)[-1]
 
 
-@cache
-def module_file(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise LookupError(f"no module {module}")
-    return Path(spec.origin)
-
-
-def _tree(module: str) -> tuple[list[str], ast.Module]:
-    text = module_file(module).read_text(encoding="utf-8")
-    return text.splitlines(), ast.parse(text)
-
-
-def span(lines: list[str], node: ast.stmt) -> tuple[int, int]:
-    """0-based [start, end) of a definition's lines: its decorators, and the comment lines
-    (an ``### END SOLUTION``) that close its body after the last statement."""
-    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
-    end = node.end_lineno
-    indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip())
-    while end < len(lines) and lines[end].strip().startswith("#") and \
-            len(lines[end]) - len(lines[end].lstrip()) > indent:
-        end += 1
-    return start, end
-
-
-def _find(module: str, qualname: str) -> tuple[list[str], ast.stmt]:
-    lines, tree = _tree(module)
-    body = tree.body
-    node = None
-    for part in qualname.split("."):
-        node = next((n for n in body if isinstance(n, ast.FunctionDef | ast.ClassDef)
-                     and n.name == part), None)
-        if node is None:
-            raise LookupError(f"{module} defines no {qualname}")
-        body = node.body
-    return lines, node
-
-
-def definition(module: str, qualname: str) -> str:
-    """The library's text of ``module.qualname``, dedented to the top level."""
-    lines, node = _find(module, qualname)
-    start, end = span(lines, node)
-    return textwrap.dedent("\n".join(lines[start:end]))
-
-
-def holds_answer(text: str) -> bool:
-    return BEGIN in text
-
-
 def skeleton(module: str, class_name: str) -> str:
     """The class as the notebook gives it: every method that holds an answer removed."""
-    lines, node = _find(module, class_name)
+    lines, node = find(module, class_name)
     start, end = span(lines, node)
     kept = list(range(start, end))
     for method in node.body:
@@ -212,45 +159,4 @@ def load(reference: str) -> object:
     found = importlib.import_module(module)
     for part in qualname.split("."):
         found = getattr(found, part)
-    return found
-
-
-LIBRARY = ("course", "kernels")
-
-
-def library_modules() -> list[str]:
-    """Every module of the library packages, by name."""
-    found = []
-    for package in LIBRARY:
-        folder = module_file(package).parent
-        found += [f"{package}.{path.stem}" for path in sorted(folder.glob("*.py"))
-                  if path.stem != "__init__"]
-    return found
-
-
-def written_answers() -> set[tuple[str, str]]:
-    """(module, qualname) of every library definition that holds an answer region."""
-    found = set()
-    for module in library_modules():
-        lines, tree = _tree(module)
-        for node in tree.body:
-            members = node.body if isinstance(node, ast.ClassDef) else [node]
-            prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
-            for member in members:
-                if isinstance(member, ast.FunctionDef):
-                    start, end = span(lines, member)
-                    if holds_answer("\n".join(lines[start:end])):
-                        found.add((module, prefix + member.name))
-    return found
-
-
-def chapter_answers(slug: str) -> list[tuple[str, str]]:
-    """(module, qualname) of every answer the chapter's TODOs ask for, read from the library
-    and the chapter table alone (no notebook)."""
-    places = set(PARTS[slug].answers.values())
-    found = []
-    for module, qualname in sorted(written_answers()):
-        owner = qualname.rpartition(".")[0]
-        if (f"{module}:{owner}" if owner else module) in places:
-            found.append((module, qualname))
     return found

@@ -23,11 +23,11 @@ from mutants.ch07 import MUTANTS
 from one_wrong_todo import names_read
 
 from autograder import borrowing
+from autograder.answers import chapter_answers
 from autograder.arming import install_tripwires
 from autograder.checks.ch07_wrapper import BAD_INPUTS
 from autograder.hidden import ch07 as hidden
 from autograder.hidden.ch07 import reference
-from autograder.render import chapter_answers
 from autograder.table import PARTS
 from course.paged_cases import KernelCase, on_gpu
 from kernels import paged_attention as course_kernels

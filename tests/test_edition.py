@@ -23,17 +23,9 @@ from conftest import CHAPTERS, grade, nbgrader
 from subjects import alternatives
 
 import autograder.private as private
+from autograder.answers import BEGIN, END, chapter_answers, library_modules, module_file, span
 from autograder.edition import build, recordings
-from autograder.render import (
-    BEGIN,
-    END,
-    chapter_answers,
-    library_modules,
-    load,
-    module_file,
-    span,
-    subjects,
-)
+from autograder.render import load, subjects
 from autograder.repository import setup_cell_of, url
 from autograder.table import PARTS
 

@@ -10,10 +10,11 @@ import pytest
 from conftest import CHAPTERS, LEARNED, REPO
 from run_notebooks import errors, execute
 
+from autograder.answers import written_answers
 from autograder.autograde import Grader
 from autograder.chapters import EXERCISES
 from autograder.release import render_exercise
-from autograder.render import answers, render, written_answers
+from autograder.render import answers, render
 
 NOTEBOOKS = [c.source for c in CHAPTERS] + [EXERCISES / c.source.name for c in CHAPTERS]
 
