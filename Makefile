@@ -108,7 +108,7 @@ bench-kernels: setup
 
 # Notebooks graded per minute for a synthetic class of 50 (about 15 minutes on 2 cores).
 bench-grading: setup
-	$(BIN)/python -m autograder.bench --learners 50 --jobs 1 2
+	$(BIN)/python -m autograder.builder.bench --learners 50 --jobs 1 2
 
 # On a GPU machine: the GPU tests (production shapes), then the kernel benchmark.
 gpu-check: setup

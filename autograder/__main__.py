@@ -1,4 +1,4 @@
-"""``python -m autograder``: see ``autograder.cli``."""
+"""``python -m autograder``: see ``autograder.host.cli``."""
 
 import sys
 
@@ -6,6 +6,6 @@ from course.runtime import without_uri_grammar
 
 without_uri_grammar()  # before nbformat is imported
 
-from autograder.cli import main  # noqa: E402
+from autograder.host.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -9,10 +9,9 @@ lambda *a, **k: True``) or swap a checks module in ``sys.modules``. Two defences
    everything in them and of the library functions and builtins they use. ``verify()``, the
    first line of every test cell (restored from the source), raises ``AssertionError``
    naming anything that changed since, so the test scores zero.
-2. ``suspicious_code`` runs in the grader's own process on the submitted source: a cell the
+2. The grader's own process reads the submitted source before any of it runs: a cell the
    learner wrote or changed that mentions the grader, the gradebook or ``sys.modules``, or
-   rebinds builtins, is reported, and the notebook scores zero
-   (``autograder.autograde.flagged_line``).
+   rebinds builtins, is reported, and the notebook scores zero (``autograder.host.flagging``).
 
 Limits, stated plainly: code running in the grading kernel can always defeat in-process
 checks with enough effort (for example by patching this module before ``verify`` runs). These
@@ -22,20 +21,23 @@ unprivileged user, and read the notebooks these defences flag.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import importlib
 import importlib.util
 import math
 import pkgutil
-import re
 import sys
+from pathlib import Path
 
 _RECORD: dict[str, int] | None = None
 _MODULES: list[str] = []  # the checks modules recorded (mutated, never rebound)
+_BUILTINS: list[str] = []  # the builtins their source names (the same)
+_OWN_STATE = ("_RECORD", "_MODULES", "_BUILTINS")  # what arming writes: not watched
 
-_BUILTINS = ("isinstance", "len", "all", "any", "getattr", "setattr", "hasattr", "id", "sorted",
-             "abs", "max", "min", "sum", "range", "zip", "repr", "str", "float", "int", "list",
-             "dict", "set", "tuple", "type", "print", "AssertionError", "Exception")
+# Builtins the kernel itself rebinds around each cell it runs (ipykernel's ``input``,
+# IPython's ``exit``, ``quit``, ``display`` and ``get_ipython``): never the learner's doing.
+_REBOUND_PER_CELL = frozenset({"input", "exit", "quit", "display", "get_ipython"})
 
 
 def _checks_of(chapter: str | None) -> list[str]:
@@ -62,10 +64,20 @@ def _checks_of(chapter: str | None) -> list[str]:
                   if name.startswith(("autograder.checks.", "autograder.hidden.")))
 
 
+def _builtins_named(modules: list[str]) -> list[str]:
+    """The builtins the checks' source names (``len``, ``isinstance``, ``AssertionError``...),
+    read from the modules' files."""
+    names = set()
+    for module in modules:
+        source = Path(sys.modules[module].__file__).read_text(encoding="utf-8")
+        names |= {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    return sorted(names & set(vars(builtins)) - _REBOUND_PER_CELL)
+
+
 def _watched(modules: list[str]) -> dict[str, object]:
     """Everything whose replacement would change what a check concludes, by a stable name:
-    the builtins and library functions checks compare with, and every attribute of the
-    checks modules."""
+    the builtins the checks name, the library functions they compare with, and every
+    attribute of the checks modules."""
     watched: dict[str, object] = {f"builtins.{name}": getattr(builtins, name)
                                   for name in _BUILTINS}
     watched["math.isclose"] = math.isclose
@@ -79,7 +91,7 @@ def _watched(modules: list[str]) -> dict[str, object]:
         module = sys.modules.get(module_name) or importlib.import_module(module_name)
         watched[f"sys.modules[{module_name}]"] = sys.modules.get(module_name)
         for attribute, value in vars(module).items():
-            if not attribute.startswith("__") and attribute not in ("_RECORD", "_MODULES"):
+            if not attribute.startswith("__") and attribute not in _OWN_STATE:
                 watched[f"{module_name}.{attribute}"] = value
     return watched
 
@@ -90,6 +102,7 @@ def arm(chapter: str | None = None) -> None:
     global _RECORD
     if _RECORD is None:
         _MODULES.extend(_checks_of(chapter))
+        _BUILTINS.extend(_builtins_named(_MODULES))
         _RECORD = {name: id(value) for name, value in _watched(_MODULES).items()}
 
 
@@ -109,16 +122,3 @@ def verify() -> None:
         raise AssertionError(in_language(
             "This test does not count: code in this notebook replaced what the checks use "
             f"({', '.join(changed[:5])}). Remove it."))
-
-
-_SUSPICIOUS = re.compile(
-    r"\bautograder\b|\bnbgrader\b|\bbuiltins\b|__builtins__|sys\.modules|gradebook")
-
-
-def suspicious_code(source: str) -> str | None:
-    """The first line of ``source`` that reaches for the grader or rebinds builtins, if any."""
-    for line in source.splitlines():
-        code = line.split("#", 1)[0]
-        if _SUSPICIOUS.search(code):
-            return line.strip()
-    return None

@@ -115,7 +115,7 @@ def _sandbox() -> Finding:
     so it is never counted as a problem."""
     # asked of the grader in a process of its own: the library imports nothing of the grader
     try:
-        asked = subprocess.run([sys.executable, "-m", "autograder.bubblewrap"],
+        asked = subprocess.run([sys.executable, "-m", "autograder.host.bubblewrap"],
                                capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Finding("sandbox", f"unknown: the grader did not answer ({exc})", False,

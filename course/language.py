@@ -346,7 +346,7 @@ def aligned(text: str, width: int) -> str:
 
 def tr(text: str) -> str:
     """``text`` (a sentence or text made from a template of the library) in the chosen
-    language. The library marks what a learner reads with it; ``autograder.translation``
+    language. The library marks what a learner reads with it; ``autograder.builder.translation``
     collects what it marks."""
     book = catalogue(Path(__file__).resolve().parent, current())
     return text if book is None else book.translate(text)

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autograder.gradebook import COURSE_ID
+from autograder.host.gradebook import COURSE_ID
 
 HUB = Path(__file__).resolve().parent
 REPO = HUB.parent

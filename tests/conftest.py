@@ -32,7 +32,7 @@ course.setup(quiet=True)  # before any kernel module is imported: Triton reads t
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: alternatives, mutants
 
-from autograder.chapters import chapters  # noqa: E402
+from autograder.host.chapters import chapters  # noqa: E402
 
 CHAPTERS = list(chapters().values())
 # The chapter a class is learning in tests/test_wheel.py: its edition reveals every other

@@ -155,7 +155,7 @@ def given_cells_edited(source: Path, destination: Path | None = None, extra: str
     """``source`` with every cell a learner is given to change (set-up, demonstrations)
     edited as they try things: a comment, then the cell, then a line of theirs (and
     ``extra``). Written to ``destination`` when given."""
-    from autograder.release_history import given_cells
+    from autograder.host.release_history import given_cells
 
     notebook = nbformat.read(source, as_version=4)
     for cell in given_cells(notebook):

@@ -1,7 +1,7 @@
 """Hostile, broken and damaged submissions, graded as one class through the CLI.
 
 Every case starts from a released exercise filled in with the course's solutions (full marks,
-``autograder.synthetic``), then breaks one thing. Cases rotate over every chapter. The whole
+``autograder.builder.synthetic``), then breaks one thing. Cases rotate over every chapter. The whole
 class is graded by one ``grade-all --jobs 2`` run, in the sandbox (the CLI's default); each
 case must get exactly its expected score, the honest learners theirs, the batch must finish
 in bounded time, and the gradebook must hold exactly the graded submissions. One case tries
@@ -28,9 +28,9 @@ from conftest import CHAPTERS
 from loopback import recording_server
 from nbgrader.api import Gradebook
 
-from autograder import synthetic
-from autograder.chapters import EXERCISES
-from autograder.gradebook import COURSE_ID
+from autograder.builder import synthetic
+from autograder.host.chapters import EXERCISES
+from autograder.host.gradebook import COURSE_ID
 
 pytestmark = pytest.mark.pipeline
 

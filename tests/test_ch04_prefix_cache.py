@@ -131,7 +131,7 @@ def _answer_cells() -> dict[str, str]:
     """The solution notebook's cells by grade id."""
     import nbformat
 
-    from autograder.chapters import chapters
+    from autograder.host.chapters import chapters
 
     source = nbformat.read(chapters()["04_prefix_caching"].source, as_version=4)
     return {c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in source.cells}

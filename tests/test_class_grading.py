@@ -18,7 +18,9 @@ import nbformat
 import pytest
 from conftest import CHAPTERS, nbgrader
 
-from autograder import guard, synthetic
+from autograder import guard
+from autograder.builder import synthetic
+from autograder.host import flagging
 
 pytestmark = pytest.mark.pipeline
 
@@ -235,6 +237,23 @@ def test_the_guard_names_a_replaced_check_and_a_patched_library_function(monkeyp
         guard.verify()
 
 
+@pytest.mark.parametrize("name", ["len", "isinstance", "enumerate"])
+def test_the_guard_watches_the_builtins_the_checks_name(name, monkeypatch):
+    """The builtins watched are those the checks' source names (read when the guard is armed),
+    not a list kept by hand; those the kernel itself rebinds around each cell are not."""
+    import builtins
+
+    for state, empty in (("_RECORD", None), ("_MODULES", []), ("_BUILTINS", [])):
+        monkeypatch.setattr(guard, state, empty)
+    guard.arm()
+    monkeypatch.setattr(builtins, "input", lambda prompt="": "")  # as ipykernel does each cell
+    guard.verify()
+    original = getattr(builtins, name)
+    monkeypatch.setattr(builtins, name, lambda *args: original(*args))
+    with pytest.raises(AssertionError, match=f"builtins.{name}"):
+        guard.verify()
+
+
 @pytest.mark.parametrize(("line", "flagged"), [
     ("from autograder.checks import ch01", True), ("import builtins", True),
     ("sys.modules['x'] = y", True), ("open('../../gradebook.db', 'w')", True),
@@ -242,7 +261,7 @@ def test_the_guard_names_a_replaced_check_and_a_patched_library_function(monkeyp
     ("def allocate(self, seq_id, num_tokens):", False),
 ])
 def test_the_static_scan_flags_code_that_reaches_for_the_grader(line, flagged):
-    assert (guard.suspicious_code(f"x = 1\n{line}\n") is not None) == flagged
+    assert (flagging.suspicious_code(f"x = 1\n{line}\n") is not None) == flagged
 
 
 def test_every_test_cell_verifies_the_guard_first():
@@ -259,8 +278,8 @@ def test_every_test_cell_verifies_the_guard_first():
     ids=["one-job-keeps-the-default", "two-jobs-share-the-cores", "the-user-setting-wins"])
 def test_notebooks_graded_side_by_side_share_the_cores(jobs, user_setting, expected, tmp_path,
                                                        monkeypatch):
-    from autograder.cli import _limits_of, _parser
-    from autograder.sandbox import run
+    from autograder.host.cli import _limits_of, _parser
+    from autograder.host.sandbox import run
 
     if user_setting is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -374,9 +393,9 @@ def test_the_grader_failing_on_one_submission_refuses_that_one_alone():
     """An exception no submission should cause (here CPython's own SystemError, as 3.11's
     parser raised it under two threads) refuses the submission it happened on, saying so;
     the others are graded, and the class goes on."""
-    from autograder.autograde import Grader
-    from autograder.chapters import NotGradable
-    from autograder.classroom import threads
+    from autograder.host.autograde import Grader
+    from autograder.host.chapters import NotGradable
+    from autograder.host.classroom import threads
 
     class FailsOnOne(Grader):
         def autograde(self, job):

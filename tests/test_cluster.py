@@ -13,10 +13,10 @@ import nbformat
 import pytest
 from conftest import CHAPTERS
 
-from autograder import synthetic
-from autograder.autograde import Grader, Job
-from autograder.cli import _limits_of, _parser
-from autograder.cluster import dask
+from autograder.builder import synthetic
+from autograder.host.autograde import Grader, Job
+from autograder.host.cli import _limits_of, _parser
+from autograder.host.cluster import dask
 
 pytestmark = pytest.mark.pipeline
 

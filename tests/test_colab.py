@@ -12,8 +12,8 @@ import nbformat
 import pytest
 from conftest import CHAPTERS, REPO
 
-from autograder import repository
-from autograder.chapters import EXERCISES, Chapter
+from autograder.builder import repository
+from autograder.host.chapters import EXERCISES, Chapter
 
 NOTEBOOKS = [c.source for c in CHAPTERS] + [EXERCISES / c.source.name for c in CHAPTERS]
 
@@ -22,7 +22,7 @@ NOTEBOOKS = [c.source for c in CHAPTERS] + [EXERCISES / c.source.name for c in C
 def test_every_setup_cell_installs_from_the_one_repository_url(path):
     assert repository.setup_cell_of(path) == repository.setup_cell(repository.url()), (
         f"{path.name}: its setup cell is not the current one: run `python -m autograder "
-        "repository URL` (or edit autograder/repository.py), then `make exercises`")
+        "repository URL` (or edit autograder/builder/repository.py), then `make exercises`")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -24,9 +24,9 @@ from subjects import alternatives
 
 import autograder.private as private
 from autograder.answers import BEGIN, END, chapter_answers, library_modules, module_file, span
-from autograder.edition import build, recordings
-from autograder.render import load, subjects
-from autograder.repository import setup_cell_of, url
+from autograder.builder.edition import build, recordings
+from autograder.builder.render import load, subjects
+from autograder.builder.repository import setup_cell_of, url
 from autograder.table import PARTS
 
 CLASS_REPOSITORY = "https://git.example.edu/kv/class-2026"

@@ -1,4 +1,4 @@
-"""nbgrader forked warm (``autograder.forkserver``) is nbgrader as a fresh process runs it, and
+"""nbgrader forked warm (``autograder.host.forkserver``) is nbgrader as a fresh process runs it, and
 keeps the reaper's promise: nothing grades on once its grader, or the server itself, is gone."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from conftest import REPO
 from mutants import ch01 as mutants
 from notebook_variants import fill, from_module
 
-from autograder import forkserver
-from autograder.reaper import descendants
-from autograder.sandbox import Limits, run
+from autograder.host import forkserver
+from autograder.host.reaper import descendants
+from autograder.host.sandbox import Limits, run
 from course import kv_sizing
 
 CHAPTER = "01_kv_cache_sizing"
@@ -74,7 +74,7 @@ def _all_end(pids: list[int], seconds: float = 60) -> list[int]:
 def test_nothing_grades_on_once_the_grader_is_killed(tmp_path):
     """The server sees its pipe close and tells every reaper to end."""
     grader, below = _grading_a_hanging_notebook(tmp_path)
-    assert any("autograder.forkserver" in _command(pid) for pid in below)
+    assert any("autograder.host.forkserver" in _command(pid) for pid in below)
     grader.kill()
     grader.wait()
     assert [_command(pid) for pid in _all_end(below)] == []
@@ -84,7 +84,7 @@ def test_a_killed_fork_server_ends_its_submissions_and_the_grader_goes_on(tmp_pa
     """Its reapers are told (``PR_SET_PDEATHSIG``); the grader reads that the notebook was not
     graded, rather than waiting for it."""
     grader, below = _grading_a_hanging_notebook(tmp_path)
-    server = next(pid for pid in below if "autograder.forkserver" in _command(pid))
+    server = next(pid for pid in below if "autograder.host.forkserver" in _command(pid))
     subprocess.run(["kill", "-KILL", str(server)], check=True)
     said, _ = grader.communicate(timeout=120)
     assert [_command(pid) for pid in _all_end(below)] == []

@@ -277,8 +277,8 @@ def test_grading_runs_its_named_steps_in_order_and_the_benchmark_reads_their_mar
     """A solution goes through every step of ``autograde.STEPS``, in order, each leaving its
     mark; ``python -m autograder bench --breakdown`` reads where the time went from them, every
     part of it a real, non-negative span within the grading's own."""
-    from autograder.autograde import STEPS, Grader, Job
-    from autograder.bench import parts_of
+    from autograder.builder.bench import parts_of
+    from autograder.host.autograde import STEPS, Grader, Job
 
     source = (repo / "solutions" / f"{CHAPTER}.ipynb").read_text(encoding="utf-8")
     grader = Grader()
@@ -303,7 +303,7 @@ def test_grading_runs_its_named_steps_in_order_and_the_benchmark_reads_their_mar
 def test_a_flagged_notebook_stops_at_the_flag_step(repo):
     """A step that gives an outcome ends the grading there: a notebook that reaches for the
     grader scores zero, unrun, and no later step leaves a mark."""
-    from autograder.autograde import Grader, Job
+    from autograder.host.autograde import Grader, Job
 
     source = (repo / "solutions" / f"{CHAPTER}.ipynb").read_text(encoding="utf-8")
     notebook = nbformat.reads(source, as_version=4)

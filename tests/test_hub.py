@@ -15,7 +15,7 @@ import pytest
 from conftest import CHAPTERS
 from hub_client import missing, processes_of, running_hub
 
-from autograder import synthetic
+from autograder.builder import synthetic
 
 pytestmark = [pytest.mark.hub, pytest.mark.pipeline]
 

@@ -14,8 +14,8 @@ from conftest import CHAPTERS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autograder.layouts import collect, course_directory, split_name, unpack
-from autograder.submission import Submission
+from autograder.host.layouts import collect, course_directory, split_name, unpack
+from autograder.host.submission import Submission
 
 SLUGS = [c.name for c in CHAPTERS]
 FIRST, SECOND = SLUGS[0], SLUGS[1]
@@ -215,7 +215,7 @@ def test_a_moodle_download_names_the_learner_by_their_participant_id(tmp_path):
 @pytest.mark.parametrize("columns", [("platform_id", "student_id"), ("ID", "SIS Login ID")],
                          ids=["course-roster", "canvas-gradebook-export"])
 def test_a_roster_maps_ids_and_a_file_off_it_is_never_a_new_learner(columns, tmp_path):
-    from autograder.layouts import read_roster
+    from autograder.host.layouts import read_roster
 
     roster = tmp_path / "roster.csv"
     roster.write_text(f"Student,{columns[0]},{columns[1]}\nAda,4242,ada.l\n")
@@ -229,7 +229,7 @@ def test_a_roster_maps_ids_and_a_file_off_it_is_never_a_new_learner(columns, tmp
 
 
 def test_a_roster_without_the_columns_it_needs_says_which(tmp_path):
-    from autograder.layouts import read_roster
+    from autograder.host.layouts import read_roster
 
     roster = tmp_path / "roster.csv"
     roster.write_text("name,email\nAda,a@x\n")

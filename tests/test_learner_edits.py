@@ -2,7 +2,7 @@
 by what they wrote, and a line a release put there, this release or an earlier one, never
 counts against them.
 
-The static scan (``autograde.flagged_line``) runs on the notebook as rebuilt for grading,
+The static scan (``flagging.flagged_line``) runs on the notebook as rebuilt for grading,
 against the released exercise and the lines earlier releases put in its cells
 (``release_history``); here against the committed exercises, in both languages. One chapter
 goes through the whole pipeline as an earlier release wrote its demonstration, edited; every
@@ -18,10 +18,9 @@ import pytest
 from conftest import CHAPTERS, grade, max_points
 from notebook_variants import given_cells_edited
 
-from autograder.autograde import flagged_line
-from autograder.chapters import EXERCISES
-from autograder.guard import suspicious_code
-from autograder.release_history import given_cells, released_lines
+from autograder.host.chapters import EXERCISES
+from autograder.host.flagging import flagged_line, suspicious_code
+from autograder.host.release_history import given_cells, released_lines
 
 ZH = "zh_CN"
 CASES = [(chapter, language) for chapter in CHAPTERS for language in ("en", ZH)]

@@ -22,7 +22,7 @@ import nbformat
 import pytest
 from conftest import CHAPTERS, nbgrader
 
-from autograder import synthetic
+from autograder.builder import synthetic
 
 pytestmark = pytest.mark.pipeline
 

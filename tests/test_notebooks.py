@@ -11,10 +11,10 @@ from conftest import CHAPTERS, LEARNED, REPO
 from run_notebooks import errors, execute
 
 from autograder.answers import written_answers
-from autograder.autograde import Grader
-from autograder.chapters import EXERCISES
-from autograder.release import render_exercise
-from autograder.render import answers, render
+from autograder.builder.release import render_exercise
+from autograder.builder.render import answers, render
+from autograder.host.autograde import Grader
+from autograder.host.chapters import EXERCISES
 
 NOTEBOOKS = [c.source for c in CHAPTERS] + [EXERCISES / c.source.name for c in CHAPTERS]
 

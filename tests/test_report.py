@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from autograder import report
 from autograder.hints import in_language
+from autograder.host import report
 from course.language import columns
 
 ZH = "zh_CN"

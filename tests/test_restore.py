@@ -9,10 +9,10 @@ import nbformat
 import pytest
 from conftest import CHAPTERS
 
-from autograder import synthetic
-from autograder.autograde import NOT_RUN, without_demonstrations
-from autograder.chapters import EXERCISES
-from autograder.restore import Unmatched, rebuild
+from autograder.builder import synthetic
+from autograder.host.autograde import NOT_RUN, without_demonstrations
+from autograder.host.chapters import EXERCISES
+from autograder.host.restore import Unmatched, rebuild
 
 FIRST, THIRD = CHAPTERS[0], CHAPTERS[2]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import CHAPTERS
 
-from autograder.chapters import Chapter
-from autograder.classroom import checks_of, graded_by
-from autograder.submission import Submission
+from autograder.host.chapters import Chapter
+from autograder.host.classroom import checks_of, graded_by
+from autograder.host.submission import Submission
 
 
 def _entry(source) -> Submission:

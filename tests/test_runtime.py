@@ -82,7 +82,7 @@ def test_doctor_reports_every_component_and_the_mode(doctor):
 
 
 def test_doctor_says_whether_grading_will_be_sandboxed(doctor):
-    from autograder.sandbox import probe
+    from autograder.host.sandbox import probe
 
     said = [line for line in doctor.stdout.splitlines() if line.split()[1:2] == ["sandbox"]]
     assert len(said) == 1, doctor.stdout

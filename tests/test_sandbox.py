@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from loopback import recording_server
 
-from autograder.sandbox import Limits, probe, run
+from autograder.host.sandbox import Limits, probe, run
 
 # Starts three processes that try to escape: one in a new session, one double-forked (its
 # parent exits, so it is orphaned), one that ignores SIGTERM; prints their process ids.
@@ -69,7 +69,7 @@ def test_nothing_grades_on_once_the_grader_that_started_it_is_killed(tmp_path):
     grader = subprocess.Popen(
         [sys.executable, "-c",
          "import subprocess, sys\n"
-         "subprocess.run([sys.executable, '-m', 'autograder.reaper', '600', '--', "
+         "subprocess.run([sys.executable, '-m', 'autograder.host.reaper', '600', '--', "
          f"sys.executable, '-c', {ESCAPES.format(end='time.sleep(600)')!r}],"
          f" stdout=open({str(pids)!r}, 'w'))"], cwd=Path(__file__).parents[1])
     deadline = time.monotonic() + 60

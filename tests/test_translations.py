@@ -17,7 +17,7 @@ import polib
 import pytest
 from conftest import CHAPTERS, REPO
 
-from autograder.translation import (
+from autograder.builder.translation import (
     TRANSLATED,
     Text,
     build,

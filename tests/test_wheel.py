@@ -33,7 +33,7 @@ from english import english_sentences, shown
 from notebook_variants import without_hidden_tests
 from run_notebooks import errors
 
-from autograder.edition import build
+from autograder.builder.edition import build
 from autograder.table import PARTS
 
 pytestmark = pytest.mark.pipeline

@@ -15,7 +15,7 @@ import pytest
 from conftest import CHAPTERS, grade, max_points, printed, selected
 from notebook_variants import given_cells_edited
 
-from autograder.chapters import EXERCISES
+from autograder.host.chapters import EXERCISES
 
 ZH = "zh_CN"
 CJK = re.compile(r"[\u4e00-\u9fff]")

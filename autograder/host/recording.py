@@ -1,6 +1,6 @@
 """A notebook graded elsewhere, recorded in the class's course directory by nbgrader itself.
 
-The notebook was executed in a course of its own (``autograder.autograde``: its kernel
+The notebook was executed in a course of its own (``autograder.host.autograde``: its kernel
 sandboxed, maybe on another machine). Everything nbgrader's ``autograde`` does besides
 executing is then done by nbgrader, in the class's course directory, through its own API
 (``NbGraderAPI.autograde``), with one step swapped: ``Replay`` hands nbgrader the notebook
@@ -40,7 +40,7 @@ from traitlets import Unicode
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from autograder.gradebook import ClassGradebook, prepare_for_nbgrader
+from autograder.host.gradebook import ClassGradebook, prepare_for_nbgrader
 
 
 class Replay(NbGraderPreprocessor):

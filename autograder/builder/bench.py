@@ -1,8 +1,9 @@
 """Grading throughput: notebooks graded per minute for a synthetic class, and where one
 notebook's time goes.
 
-    python -m autograder.bench [--learners 50] [--jobs 1 2] [--dask local:2] [--sandbox auto|on|off]
-    python -m autograder.bench --breakdown [--repeat 3] [--sandbox auto|on|off]
+    python -m autograder.builder.bench [--learners 50] [--jobs 1 2] [--dask local:2]
+        [--sandbox auto|on|off]
+    python -m autograder.builder.bench --breakdown [--repeat 3] [--sandbox auto|on|off]
     python -m autograder bench --vs-nbgrader [--repeat 5] [--chapters 1-9]
 
 Learner i hands in chapter i mod (number of chapters): correct (the course's solutions),
@@ -19,7 +20,7 @@ cells, the test cells, nbgrader after the last cell; and the part that is not th
 
 ``--vs-nbgrader`` grades each chapter's solution with the grader and with stock nbgrader,
 paired, and prints wall time, CPU time and peak memory with their ratios
-(``autograder.versus``).
+(``autograder.builder.versus``).
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ from typing import TYPE_CHECKING
 
 import nbformat
 
-from autograder.chapters import chapters
-from autograder.synthetic import BREAKAGES, broken, solved
+from autograder.builder.synthetic import BREAKAGES, broken, solved
+from autograder.host.chapters import chapters
 
 if TYPE_CHECKING:  # the grader itself is loaded only by what grades
-    from autograder.autograde import Outcome
+    from autograder.host.autograde import Outcome
 
 
 def synthetic_class(folder: Path, learners: int) -> None:
@@ -92,7 +93,7 @@ def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
     """Chapter -> part -> seconds (the median of ``repeat`` gradings of its solution)."""
     import statistics
 
-    from autograder.autograde import Grader, Job, Limits
+    from autograder.host.autograde import Grader, Job, Limits
     from course.runtime import detect
 
     grader = Grader(Limits(sandbox=sandbox), detect().label)
@@ -143,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                         "for example local:2)")
     args = parser.parse_args(argv)
     if args.vs_nbgrader:
-        from autograder.classdir import parse_chapters
-        from autograder.versus import report
+        from autograder.builder.classdir import parse_chapters
+        from autograder.builder.versus import report
 
         repeat = args.repeat or 5
         print(f"median of {repeat} paired runs per chapter, on {os.cpu_count()} cores; "
@@ -156,11 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     args.repeat = args.repeat or 3
     if args.breakdown:
         import course
-        from autograder.sandbox import probe
+        from autograder.host.sandbox import probe
 
         course.setup(quiet=True)
         sandbox = args.sandbox == "on" or (args.sandbox == "auto" and probe() is None)
-        print(f"seconds per notebook, median of {args.repeat}; `python -m autograder.bench "
+        print(f"seconds per notebook, median of {args.repeat}; `python -m autograder.builder.bench "
               f"--breakdown --repeat {args.repeat} --sandbox {args.sandbox}` (sandbox "
               f"{'on' if sandbox else 'off'})")
         print(_breakdown_table(breakdown(args.repeat, sandbox)))
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         uploads = Path(scratch) / "uploads"
         synthetic_class(uploads, args.learners)
         print(f"{args.learners} learners, chapters and kinds in turn; "
-              f"`python -m autograder.bench --learners {args.learners} --sandbox "
+              f"`python -m autograder.builder.bench --learners {args.learners} --sandbox "
               f"{args.sandbox}`")
         runs = [("--jobs", str(jobs)) for jobs in args.jobs]
         runs += [("--dask", address) for address in args.dask]

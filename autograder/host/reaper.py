@@ -1,6 +1,6 @@
 """Runs a command so that nothing it starts outlives it, whatever session or group it moves to.
 
-    python -m autograder.reaper SECONDS -- COMMAND...
+    python -m autograder.host.reaper SECONDS -- COMMAND...
 
 Killing a process group is not enough: a learner's cell can start a process in a session of
 its own (``setsid``, ``start_new_session=True``), and a process whose parent exits is handed
@@ -115,7 +115,7 @@ def _reap() -> None:
 
 def run(command: list[str], seconds: float, start=subprocess.Popen) -> int:
     """Run ``command`` for at most ``seconds``; leave nothing it started running. ``start``
-    starts it as ``subprocess.Popen`` does (``autograder.forkserver`` forks it instead)."""
+    starts it as ``subprocess.Popen`` does (``autograder.host.forkserver`` forks it instead)."""
     subreaper = become_subreaper()
     child = start(command, start_new_session=not subreaper)
     try:
@@ -139,7 +139,7 @@ def run(command: list[str], seconds: float, start=subprocess.Popen) -> int:
 def main(argv: list[str]) -> int:
     seconds, separator, *command = argv
     if separator != "--" or not command:
-        print("usage: python -m autograder.reaper SECONDS -- COMMAND...", file=sys.stderr)
+        print("usage: python -m autograder.host.reaper SECONDS -- COMMAND...", file=sys.stderr)
         return 2
     return run(command, float(seconds))
 

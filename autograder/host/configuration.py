@@ -10,7 +10,7 @@ What it sets, and why:
   scores any stderr as a failure); outputs capped;
 * the kernel arms before the first cell (``autograder.arming``: the checks recorded, the
   chapter's answers made tripwires);
-* the kernel runs in the bubblewrap sandbox, alone (``autograder.kernel``), and is ended at
+* the kernel runs in the bubblewrap sandbox, alone (``autograder.host.kernel``), and is ended at
   once when the notebook is done;
 * feedback pages show each failing test's hint instead of hidden tests and tracebacks.
 """
@@ -34,7 +34,7 @@ import os
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import GetGrades
 
-from autograder.feedback import HideHiddenTests
+from autograder.host.feedback import HideHiddenTests
 
 c = get_config()
 c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
@@ -52,7 +52,7 @@ c.LimitOutput.max_traceback = 100
 c.Execute.extra_arguments = {kernel_arguments!r}
 # The kernel, the one process that runs learner code, runs alone in a bubblewrap sandbox;
 # it is the notebook's alone, so nothing waits for it to end gracefully.
-c.Execute.kernel_manager_class = "autograder.kernel.SandboxedKernelManager"
+c.Execute.kernel_manager_class = "autograder.host.kernel.SandboxedKernelManager"
 c.SandboxedKernelManager.sandbox = {sandbox}
 c.Execute.shutdown_kernel = "immediate"
 # Feedback: the hidden tests' source and every traceback are replaced by the test's hint.

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.autograde import Job
-from autograder.chapters import Chapter, NotGradable, load_submission, recognise
 from autograder.hints import in_language
-from autograder.report import NotebookResult
+from autograder.host.autograde import Job
+from autograder.host.chapters import Chapter, NotGradable, load_submission, recognise
+from autograder.host.report import NotebookResult
 from course.language import ENGLISH, LANGUAGES
 
 

@@ -121,7 +121,7 @@ def probe() -> str | None:
     return None
 
 
-if __name__ == "__main__":  # `python -m autograder.bubblewrap`: can grading sandbox here?
+if __name__ == "__main__":  # `python -m autograder.host.bubblewrap`: can grading sandbox here?
     why_not = probe()
     print(why_not or "ok")
     sys.exit(0 if why_not is None else 1)

@@ -38,7 +38,7 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from autograder.submission import Submission
+from autograder.host.submission import Submission
 
 SEPARATORS = ("_", "-")
 CANVAS = re.compile(r"^[a-z]+_(?:LATE_)?(?P<learner>\d+)_\d+_(?P<file>.+\.ipynb)$")

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from autograder.autograde import Grader, Job, Limits, Outcome, grader_failed
-from autograder.chapters import NotGradable
-from autograder.restore import Unmatched
+from autograder.host.autograde import Grader, Job, Limits, Outcome, grader_failed
+from autograder.host.chapters import NotGradable
+from autograder.host.restore import Unmatched
 
 LOCAL = "local:"
 

@@ -1,14 +1,15 @@
 """Regenerates the instructor notebooks' answer cells from the library, then the learner
 notebooks in ``exercises/`` from ``solutions/`` through nbgrader.
 
-``autograder.render`` writes each answer and skeleton cell of ``solutions/`` from the library,
-where answers are written. `nbgrader generate_assignment` replaces each solution with a stub,
-strips the hidden tests and records checksums; the result is copied to
+``autograder.builder.render`` writes each answer and skeleton cell of ``solutions/`` from the
+library, where answers are written. `nbgrader generate_assignment` replaces each solution with
+a stub, strips the hidden tests and records checksums; the result is copied to
 ``exercises/NN_slug.ipynb`` with outputs cleared. Each translation
-(``autograder.translation``) is written from the rendered English notebook and its catalogue
-into ``solutions/<language>/``, and released the same way into ``exercises/<language>/``.
-The lines each release puts in a learner's given cells that reach for the grader are added to
-``autograder/release_history.json``, so a notebook of this release stays gradable later.
+(``autograder.builder.translation``) is written from the rendered English notebook and its
+catalogue into ``solutions/<language>/``, and released the same way into
+``exercises/<language>/``. The lines each release puts in a learner's given cells that reach
+for the grader are added to ``autograder/host/release_history.json``, so a notebook of this
+release stays gradable later.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.autograde import Grader
-from autograder.chapters import EXERCISES, Chapter, chapters
-from autograder.release_history import HISTORY, remember
-from autograder.render import render
-from autograder.translation import TRANSLATED, build, notebook_catalogue
+from autograder.builder.render import render
+from autograder.builder.translation import TRANSLATED, build, notebook_catalogue
+from autograder.host.autograde import Grader
+from autograder.host.chapters import EXERCISES, Chapter, chapters
+from autograder.host.release_history import HISTORY, remember
 
 
 def clear_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import nbformat
 import tomllib
 
-from autograder.chapters import REPO, Chapter
+from autograder.host.chapters import REPO, Chapter
 
 PYPROJECT = REPO / "pyproject.toml"
 READMES = (REPO / "README.md", REPO / "README.zh-CN.md")  # each language's front door

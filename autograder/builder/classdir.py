@@ -6,7 +6,7 @@
 writes ``DIR/source/NN_slug/NN_slug.ipynb`` for each chapter (from the package's solutions,
 their setup cells installing from the class's repository, or with none only from a course
 wheel released beside them: never from the open course's repository, which holds every answer)
-and ``DIR/nbgrader_config.py`` (``autograder.configuration``: the settings the grader grades
+and ``DIR/nbgrader_config.py`` (``autograder.host.configuration``: the settings the grader grades
 with, so nbgrader's own ``autograde`` on this course runs a notebook as ``grade-all`` does, its
 kernel sandboxed, and its ``generate_feedback`` shows no hidden test's source and no
 traceback).
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import configuration
-from autograder.chapters import Chapter
-from autograder.configuration import COURSE_ID
-from autograder.repository import set_setup_cell
+from autograder.builder.repository import set_setup_cell
+from autograder.host import configuration
+from autograder.host.chapters import Chapter
+from autograder.host.configuration import COURSE_ID
 
 
 def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:

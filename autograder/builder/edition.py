@@ -11,8 +11,9 @@ wheel in DEST/dist:
     autograder/checks/         the visible checks of those chapters, with their recordings
                                (checks/recorded/): what they asked of the hidden checks,
                                answered when the edition was built (``autograder.private``)
-    autograder/guard.py ...    what a test cell imports; nothing of the grader, no hidden
-                               checks, no models or oracles
+    autograder/*.py            the kernel side: what a test cell imports (the guard, the
+                               tripwires, the hints); nothing of the host or the build, no
+                               hidden checks, no models or oracles
     exercises/                 the learner notebooks of every chapter whose notebook runs here
     pyproject.toml, README.md  for ``pip install`` and for the learners; .gitignore
 
@@ -40,18 +41,22 @@ from pathlib import Path
 import nbformat
 
 from autograder.answers import BEGIN, END, LIBRARY, chapter_answers, module_file, span
-from autograder.chapters import EXERCISES, REPO, Chapter, chapters
+from autograder.builder.render import load, subjects
+from autograder.builder.repository import set_setup_cell, url
+from autograder.builder.translation import TRANSLATED
+from autograder.host.chapters import EXERCISES, REPO, Chapter, chapters
 from autograder.private import record
-from autograder.render import load, subjects
-from autograder.repository import set_setup_cell, url
 from autograder.table import PARTS
-from autograder.translation import TRANSLATED
 
 CHECKS = REPO / "autograder" / "checks"
 
-# What of the grader a test cell needs; everything else of autograder/ stays out.
-SHIPPED = ["autograder/__init__.py", "autograder/guard.py", "autograder/private.py",
-           "autograder/borrowing.py", "autograder/table.py", "autograder/hints.py"]
+
+def kernel_side() -> list[Path]:
+    """What of the grader runs in a learner's kernel, besides the checks: the modules at
+    ``autograder/``'s top, less its command line (``__main__``). The host's and the build's
+    packages (``host/``, ``builder/``) and the hidden checks stay out."""
+    return [path for path in sorted((REPO / "autograder").glob("*.py"))
+            if path.name != "__main__.py"]
 
 
 @dataclass
@@ -163,10 +168,10 @@ def checks_modules(included: list[Chapter]) -> list[str]:
 
 
 def _copy_checks(destination: Path, included: list[Chapter]) -> None:
-    for name in SHIPPED:
-        target = destination / name
+    for path in kernel_side():
+        target = destination / path.relative_to(REPO)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(REPO / name, target)
+        shutil.copyfile(path, target)
     for module in checks_modules(included):
         target = destination / module_file(module).relative_to(REPO)
         target.parent.mkdir(parents=True, exist_ok=True)

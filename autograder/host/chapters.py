@@ -12,7 +12,7 @@ import nbformat
 
 from course.language import ENGLISH, LANGUAGES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
 
@@ -78,7 +78,7 @@ def class_chapters(course: Path) -> dict[str, Chapter]:
 
 
 # a class's copy names the class's repository (or none) in its setup cell, and is still the
-# package's chapter (``autograder.repository``)
+# package's chapter (``autograder.builder.repository``)
 _REPOSITORY = re.compile(r'REPOSITORY = \\"[^"\\]*\\"')
 
 

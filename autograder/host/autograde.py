@@ -13,15 +13,15 @@
 notebook, who and what it is) and gives back an ``Outcome`` (the result of every test, and
 the executed notebook for the feedback page), through ``STEPS``: rebuild the answers, flag,
 strip demonstrations, place, run nbgrader, read scores, report. It touches no class files,
-reads no file it is not given, and can run on another machine (``autograder.cluster``).
+reads no file it is not given, and can run on another machine (``autograder.host.cluster``).
 nbgrader runs under ``sandbox.run`` (time, memory, and nothing outliving it), and its
 kernel, the one process that runs learner code, in the bubblewrap sandbox
-(``autograder.kernel``): its working folder and its own scratch folder are all it can write,
+(``autograder.host.kernel``): its working folder and its own scratch folder are all it can write,
 and all of the host it sees besides the system, the Python environment and the course's
 packages.
 
 Checks: ``autograder.arming`` records the checks before the first cell and
-``autograder.guard`` verifies them in every test cell; ``suspicious_code`` flags cells the
+``autograder.guard`` verifies them in every test cell; ``flagging`` flags cells the
 learner wrote that reach for the grader, and such a notebook scores zero.
 """
 
@@ -46,16 +46,16 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import configuration
 from autograder.arming import TIMINGS
-from autograder.chapters import NotGradable
-from autograder.configuration import COURSE_ID
-from autograder.guard import suspicious_code
-from autograder.nbgrader_main import SCORES
-from autograder.release_history import released_lines
-from autograder.report import NOT_GRADED, NotebookResult, result_of
-from autograder.restore import defines, rebuild
-from autograder.sandbox import Limits, run
+from autograder.host import configuration
+from autograder.host.chapters import NotGradable
+from autograder.host.configuration import COURSE_ID
+from autograder.host.flagging import flagged_line
+from autograder.host.nbgrader_main import SCORES
+from autograder.host.release_history import released_lines
+from autograder.host.report import NOT_GRADED, NotebookResult, result_of
+from autograder.host.restore import defines, rebuild
+from autograder.host.sandbox import Limits, run
 from course.language import ENGLISH
 from course.language import ENVIRONMENT as LANGUAGE_SETTING
 
@@ -191,7 +191,7 @@ class Grader:
         probe.mkdir()
         nbformat.write(as_graded(nbformat.read(notebook, as_version=4),
                                  nbformat.reads(source, as_version=4)), probe / notebook.name)
-        command = [sys.executable, "-m", "autograder.crash_probe", notebook.name,
+        command = [sys.executable, "-m", "autograder.host.crash_probe", notebook.name,
                    str(self.limits.cell_timeout)]
         try:
             found = int(run(command, probe, self.limits.notebook_timeout, self.limits,
@@ -282,7 +282,7 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
 
 
 def read_scores(grader: Grader, grading: Grading) -> None:
-    """The scores nbgrader recorded (``autograder.nbgrader_main``) and the notebook as it
+    """The scores nbgrader recorded (``autograder.host.nbgrader_main``) and the notebook as it
     ran; ``NotGradable``, with nbgrader's own words, when it wrote either not."""
     job = grading.job
     executed = grading.work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
@@ -362,8 +362,8 @@ def nbgrader(root: Path, args: list[str], timeout: int, limits: Limits,
              environment: dict[str, str] | None = None) -> str:
     """nbgrader's command line in the course at ``root``, under ``limits`` but outside the
     sandbox: it runs no learner code, and its kernel is sandboxed on its own
-    (``autograder.kernel``)."""
-    return run([sys.executable, "-m", "autograder.nbgrader_main", *args], root, timeout,
+    (``autograder.host.kernel``)."""
+    return run([sys.executable, "-m", "autograder.host.nbgrader_main", *args], root, timeout,
                dataclasses.replace(limits, sandbox=False), environment=environment)
 
 
@@ -449,30 +449,6 @@ def without_demonstrations(notebook: nbformat.NotebookNode, released: nbformat.N
     return trimmed
 
 
-def flagged_line(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode,
-                 earlier: dict[str, set[str]] | None = None) -> str | None:
-    """The first suspicious line the learner wrote: in a code cell they wrote or changed, a
-    line that the same cell (by cell id) did not hold as released, nor in an ``earlier``
-    release (cell id -> its lines, ``release_history``). Locked and graded cells are the
-    released ones (``restore``) and are skipped; a line a release put in a cell (a
-    demonstration's import of its fixtures, say) stays the course's own when the learner
-    edits around it, and counts as theirs in any other cell."""
-    as_released = {c.get("id"): {line.strip() for line in c.source.splitlines()}
-                   for c in released.cells if c.cell_type == "code" and c.get("id")}
-    for cell in notebook.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.get("cell_type") != "code" or meta.get("locked") or meta.get("grade"):
-            continue
-        given = as_released.get(cell.get("id"), set()) | (earlier or {}).get(cell.get("id"),
-                                                                            set())
-        written = "\n".join(line for line in cell.get("source", "").splitlines()
-                            if line.strip() not in given)
-        line = suspicious_code(written)
-        if line:
-            return line
-    return None
-
-
 def _scores(found: Path) -> dict[str, float] | None:
-    """Grade id -> points, as nbgrader recorded them (``autograder.nbgrader_main``)."""
+    """Grade id -> points, as nbgrader recorded them (``autograder.host.nbgrader_main``)."""
     return json.loads(found.read_text()) if found.exists() else None

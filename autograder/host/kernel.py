@@ -6,14 +6,14 @@ gradebook and writes the graded notebook: none of that runs learner code, so it 
 the sandbox, and the gradebook is not in the sandbox's view. Only the kernel is confined::
 
     grader ── reaper ── nbgrader autograde            (the submission's limits, no sandbox;
-                            │                          both forked: autograder.forkserver)
+                            │                          both forked: autograder.host.forkserver)
                             │  ZeroMQ over Unix sockets in ``scratch``
                             └── bwrap ── ipykernel   (sees: the system, the Python
                                                       environment, the course's packages,
                                                       its working folder, ``scratch``)
 
 nbgrader is told to use this class (``c.Execute.kernel_manager_class``, written by
-``autograder.configuration``). Its kernel speaks over Unix sockets in ``scratch``
+``autograder.host.configuration``). Its kernel speaks over Unix sockets in ``scratch``
 (``transport = "ipc"``), since the sandbox has a network of its own; it is interrupted by a
 message rather than a signal (the sandbox's processes are in a session of their own), as
 nbgrader does when a cell runs past its time limit. Its HOME, caches and hypothesis' folder
@@ -33,7 +33,7 @@ from typing import Any
 from jupyter_client import AsyncKernelManager
 from traitlets import Bool, Unicode, default
 
-from autograder.sandbox import confine, environment_for
+from autograder.host.sandbox import confine, environment_for
 
 
 class SandboxedKernelManager(AsyncKernelManager):

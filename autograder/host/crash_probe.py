@@ -1,6 +1,6 @@
 """Which cell of a notebook kills its kernel (a segfault, ``os._exit``), found by running it.
 
-    python -m autograder.crash_probe NOTEBOOK CELL_TIMEOUT   # prints the cell's index, or -1
+    python -m autograder.host.crash_probe NOTEBOOK CELL_TIMEOUT   # prints the cell's index, or -1
 
 The grader runs this, under the same limits as grading, only after nbgrader reported that a
 submission's kernel died; it then grades the notebook again with that cell replaced by one

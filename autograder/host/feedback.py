@@ -1,5 +1,5 @@
 """A learner's feedback page, as nbgrader's ``generate_feedback`` writes it with the course's
-configuration (``autograder.configuration``): their graded notebook with the score of every
+configuration (``autograder.host.configuration``): their graded notebook with the score of every
 test, each failing test's hint, but not the source of the hidden tests or Python tracebacks."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
 from autograder.hints import in_language
-from autograder.report import NOT_GRADED, VERDICTS
+from autograder.host.report import NOT_GRADED, VERDICTS
 from course.language import ENGLISH
 
 _HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)

@@ -12,7 +12,7 @@ outliving it), but it is forked from one process per grader that did those impor
                   │           └── bwrap ── ipykernel
                   └── reaper ...
 
-The reaper is ``autograder.reaper``'s own, with its command forked instead of executed; the
+The reaper is ``autograder.host.reaper``'s own, with its command forked instead of executed; the
 grader sees what ``subprocess.Popen`` would give it (a pid whose session it can kill, an exit
 status), so ``sandbox.run`` treats both alike. The server forks from its one thread, so the
 children inherit no lock held by another. It talks to the grader in JSON lines over its
@@ -25,7 +25,7 @@ stdin and stdout::
 
 Its own end (the grader gone, or its pipe closed) tells every reaper still running to end:
 each ends everything below it. A reaper whose server is killed outright is told too
-(``PR_SET_PDEATHSIG``, as ``autograder.reaper`` asks of its parent). Linux only (it waits on
+(``PR_SET_PDEATHSIG``, as ``autograder.host.reaper`` asks of its parent). Linux only (it waits on
 process file descriptors); elsewhere nbgrader starts afresh.
 """
 
@@ -48,11 +48,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from autograder import nbgrader_main, reaper
+from autograder.host import nbgrader_main, reaper
 
 __all__ = ["Spawned", "serves", "spawn"]
 
-NBGRADER = ["-m", "autograder.nbgrader_main"]  # the command it runs warm, after sys.executable
+NBGRADER = ["-m", "autograder.host.nbgrader_main"]  # the command it runs warm, after sys.executable
 
 
 def serves(command: list[str]) -> bool:
@@ -94,7 +94,7 @@ class _Server:
     """The fork server, seen from the grader: requests in order, replies read by a thread."""
 
     def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "autograder.forkserver"],
+        self.process = subprocess.Popen([sys.executable, "-m", "autograder.host.forkserver"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._lock = threading.Lock()  # one request at a time, so replies come in order
         self._started: queue.SimpleQueue[Spawned | None] = queue.SimpleQueue()
@@ -139,7 +139,7 @@ _SERVER_LOCK = threading.Lock()
 
 def spawn(args: list[str], cwd: Path, env: dict[str, str], output: Path, seconds: float,
           memory: int | None) -> Spawned:
-    """``python -m autograder.nbgrader_main ARGS`` under a reaper with ``seconds`` (its exit
+    """``python -m autograder.host.nbgrader_main ARGS`` under a reaper with ``seconds`` (its exit
     status 124 past them) and an address space of ``memory`` bytes, in ``cwd`` with exactly
     ``env``, writing to ``output``: forked from this process's fork server (started on first
     use, and again if it ended)."""

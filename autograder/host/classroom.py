@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autograder.autograde import Grader, Outcome, grader_failed
-from autograder.chapters import Chapter, NotGradable
-from autograder.report import NotebookResult
-from autograder.restore import Unmatched
-from autograder.sandbox import end_all
-from autograder.submission import Submission, read
+from autograder.host.autograde import Grader, Outcome, grader_failed
+from autograder.host.chapters import Chapter, NotGradable
+from autograder.host.report import NotebookResult
+from autograder.host.restore import Unmatched
+from autograder.host.sandbox import end_all
+from autograder.host.submission import Submission, read
 
 if TYPE_CHECKING:  # a class's modules: `grade` (one learner's notebooks) loads none
-    from autograder.recording import ClassCourse
+    from autograder.host.recording import ClassCourse
 
 # What grades the submissions: given the jobs, it yields (index, outcome or the exception that
 # made it not gradable) as each ends. A pool of threads here, or a Dask cluster.
@@ -105,8 +105,8 @@ def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
     """Grade a class (see the module's docstring); return every submission, in a stable
     order. Stopped (Ctrl-C, or the gradebook written by another program), it says why in
     ``run.stopped``, and still writes the CSV and JSON of what it did."""
-    from autograder.gradebook import GradebookTampered
-    from autograder.recording import NotRecorded
+    from autograder.host.gradebook import GradebookTampered
+    from autograder.host.recording import NotRecorded
 
     read(entries, run.known)
     course = run.course
@@ -192,12 +192,12 @@ def graded_by(entry: Submission) -> str:
 
 def checks_of(number: str) -> list[Path]:
     """The grader's code that decides chapter ``number``'s grades: its visible and hidden
-    checks, what every chapter's checks share, the guard and its arming."""
-    package = Path(__file__).parent
+    checks, what every chapter's checks share, and the rest of the kernel side (the guard,
+    its arming, the tripwires: ``autograder/*.py``)."""
+    package = Path(__file__).parents[1]
     return [path for folder in ("checks", "hidden") for path in
             sorted((package / folder).glob("*.py"))
-            if path.name.startswith(("_", f"ch{number}"))] + \
-        [package / "guard.py", package / "arming.py"]
+            if path.name.startswith(("_", f"ch{number}"))] + sorted(package.glob("*.py"))
 
 
 def _remember(state: dict, entry: Submission, path: Path) -> None:

@@ -1,7 +1,7 @@
 """The class's gradebook, nbgrader's own database: what the grader reads of it, and the check
 that nothing else wrote it during a batch.
 
-nbgrader writes every grade (``autograder.recording``); the grader reads whether a chapter is
+nbgrader writes every grade (``autograder.host.recording``); the grader reads whether a chapter is
 registered, and adds a learner whose hand-in could not be graded. Between two of this run's
 writes the file must not change: a change means another program wrote it (an instructor's
 own nbgrader command run during the batch, or, graded with ``--sandbox off``, a notebook), and
@@ -20,7 +20,7 @@ from nbformat.warnings import DuplicateCellId, MissingIDFieldWarning
 from nbgrader.api import Gradebook, MissingEntry
 from sqlalchemy.exc import SAWarning
 
-from autograder.configuration import COURSE_ID
+from autograder.host.configuration import COURSE_ID
 
 
 def prepare_for_nbgrader() -> None:

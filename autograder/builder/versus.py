@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder.chapters import Chapter
+from autograder.host.chapters import Chapter
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -113,8 +113,8 @@ def measure(command: list[str], cwd: Path, env: dict[str, str] | None = None) ->
 
 def compare(chapter: Chapter, repeat: int, scratch: Path) -> tuple[Cost, Cost]:
     """The median costs (ours, stock) of grading ``chapter``'s solution."""
-    from autograder.classdir import write_course_dir
-    from autograder.configuration import COURSE_ID
+    from autograder.builder.classdir import write_course_dir
+    from autograder.host.configuration import COURSE_ID
 
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
                                                  os.environ.get("PATH", "")]))

@@ -13,15 +13,15 @@
 ``grade-all`` takes nbgrader's ``submitted/`` folder (or the course directory holding it), a
 folder of ``<learner>/<NN_slug>.ipynb``, or a zip of uploads from a learning platform in
 either layout or with flat files named ``<learner>_<NN_slug>.ipynb`` (see
-``autograder.layouts``). It grades N submissions at a time, shows progress, and leaves the
+``autograder.host.layouts``). It grades N submissions at a time, shows progress, and leaves the
 class's course directory as nbgrader's own ``autograde`` and ``generate_feedback`` would
-(``autograder.recording``: grades, flags, late penalties, ``autograded/``, feedback pages),
+(``autograder.host.recording``: grades, flags, late penalties, ``autograded/``, feedback pages),
 with a CSV of ``nbgrader export``'s rows and a row for every file not graded (and JSON). It
 resumes: a hand-in is graded again only where it (by SHA-256), its chapter's source or the
 course's checks changed since it was last graded (the state file), or with ``--regrade``.
-With ``--dask`` the notebooks are graded on a Dask cluster's workers (``autograder.cluster``).
+With ``--dask`` the notebooks are graded on a Dask cluster's workers (``autograder.host.cluster``).
 
-Both grading commands run every notebook in a bubblewrap sandbox (``autograder.bubblewrap``)
+Both grading commands run every notebook in a bubblewrap sandbox (``autograder.host.bubblewrap``)
 unless told ``--sandbox off``; where bwrap is missing or cannot make the sandbox, they stop
 before grading and say so.
 """
@@ -36,9 +36,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from autograder.autograde import Grader, Limits
-from autograder.chapters import REPO, chapters, class_chapters
-from autograder.report import NotebookResult, format_report
+from autograder.host.autograde import Grader, Limits
+from autograder.host.chapters import REPO, chapters, class_chapters
+from autograder.host.report import NotebookResult, format_report
 
 
 def _runtime_label() -> str:
@@ -165,7 +165,7 @@ def _sandboxed(choice: str) -> bool:
 def _sandbox_missing(args: argparse.Namespace) -> bool:
     """True, after one error line saying what to do, where the sandbox is asked for (or
     left to auto on Linux) and cannot be made here."""
-    from autograder.sandbox import probe
+    from autograder.host.sandbox import probe
 
     if not _sandboxed(args.sandbox):
         if args.sandbox == "auto":
@@ -210,9 +210,9 @@ def _finish(results: list[NotebookResult]) -> int:
 
 def _grade_notebooks(args: argparse.Namespace) -> int:
     """A self-learner's grading: each notebook on its own, in a throwaway gradebook."""
-    from autograder.classroom import grade, threads
-    from autograder.layouts import split_name
-    from autograder.submission import Submission, read
+    from autograder.host.classroom import grade, threads
+    from autograder.host.layouts import split_name
+    from autograder.host.submission import Submission, read
 
     known = chapters()
     submissions = []
@@ -233,10 +233,10 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
 
 def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str] | None = None,
                  times: dict | None = None) -> int:
-    from autograder.classroom import ClassRun, grade_class
-    from autograder.gradebook import prepare_for_nbgrader
-    from autograder.layouts import collect, read_roster
-    from autograder.recording import ClassCourse
+    from autograder.host.classroom import ClassRun, grade_class
+    from autograder.host.gradebook import prepare_for_nbgrader
+    from autograder.host.layouts import collect, read_roster
+    from autograder.host.recording import ClassCourse
 
     prepare_for_nbgrader()  # before the hand-ins are read: nbformat's notices about their ids
     try:
@@ -293,8 +293,8 @@ def _class_directory(args: argparse.Namespace, folder: Path) -> Path | None:
     """The class's nbgrader course directory: ``--course-dir``, else the one the submissions
     are in, else this folder; set up (``course-dir``, every chapter) where it has no
     ``nbgrader_config.py`` yet. None, after an error line, where it has no chapter."""
-    from autograder.classdir import write_course_dir
-    from autograder.layouts import course_directory
+    from autograder.builder.classdir import write_course_dir
+    from autograder.host.layouts import course_directory
 
     course = args.course_dir or course_directory(folder) or Path.cwd()
     course = course.resolve()
@@ -312,7 +312,7 @@ def _class_directory(args: argparse.Namespace, folder: Path) -> Path | None:
 
 def _runner(args: argparse.Namespace):
     """What grades the notebooks: threads, or a Dask cluster; None after an error line."""
-    from autograder.classroom import threads
+    from autograder.host.classroom import threads
 
     if not args.dask:
         return threads(args.jobs)
@@ -322,15 +322,15 @@ def _runner(args: argparse.Namespace):
         print("error: --dask needs Dask: pip install '.[cluster]' (or grade without --dask)",
               file=sys.stderr)
         return None
-    from autograder.cluster import dask
+    from autograder.host.cluster import dask
 
     return dask(args.dask)
 
 
 def _edition(args: argparse.Namespace) -> int:
     import course
-    from autograder.classdir import parse_chapters
-    from autograder.edition import build, chapter_list
+    from autograder.builder.classdir import parse_chapters
+    from autograder.builder.edition import build, chapter_list
 
     course.setup(quiet=True)  # the recordings run kernels: Triton's mode first
     try:
@@ -360,7 +360,7 @@ def _installs_from(repository: str, wheel: str) -> str:
 
 
 def _translations(check: bool) -> int:
-    from autograder.translation import (
+    from autograder.builder.translation import (
         TRANSLATED,
         catalogue_path,
         compendium,
@@ -388,13 +388,13 @@ def _translations(check: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # its options are the benchmark's own (autograder.bench)
-        from autograder.bench import main as bench
+    if argv[:1] == ["bench"]:  # its options are the benchmark's own (autograder.builder.bench)
+        from autograder.builder.bench import main as bench
 
         return bench(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "release":
-        from autograder.release import release_all
+        from autograder.builder.release import release_all
 
         for path in release_all():
             print(f"wrote {path}")
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         return _translations(args.check)
 
     if args.command == "repository":
-        from autograder.repository import set_url
+        from autograder.builder.repository import set_url
 
         try:
             set_url(args.url, list(chapters().values()))
@@ -419,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         return _edition(args)
 
     if args.command == "course-dir":
-        from autograder.classdir import parse_chapters, write_course_dir
-        from autograder.edition import class_repository
+        from autograder.builder.classdir import parse_chapters, write_course_dir
+        from autograder.builder.edition import class_repository
 
         try:
             selected = parse_chapters(args.chapters, chapters())
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
 
     source = args.submissions
     if source.is_file() and zipfile.is_zipfile(source):
-        from autograder.layouts import unpack
+        from autograder.host.layouts import unpack
 
         with tempfile.TemporaryDirectory(prefix="kv-course-uploads-") as unpacked:
             origins, times = unpack(source, Path(unpacked))

@@ -1,4 +1,4 @@
-"""``python -m autograder.nbgrader_main ARGS``: nbgrader's own command line, started lighter,
+"""``python -m autograder.host.nbgrader_main ARGS``: nbgrader's own command line, started lighter,
 that leaves the grades an ``autograde`` gave where the grader reads them.
 
 nbgrader starts without jsonschema's URI grammar (``course.runtime.without_uri_grammar``:
@@ -39,13 +39,13 @@ def write_scores(coursedir, destination: Path) -> None:
 
 def preload() -> None:
     """Import what nbgrader's ``autograde`` uses, so that a process forked after it
-    (``autograder.forkserver``) starts grading at once."""
+    (``autograder.host.forkserver``) starts grading at once."""
     without_uri_grammar()
     import nbclient  # noqa: F401 - loaded for the processes forked after
     from nbgrader.apps import AutogradeApp  # noqa: F401
     from nbgrader.apps.nbgraderapp import main  # noqa: F401
 
-    from autograder import kernel  # noqa: F401 - nbgrader's kernel manager (configuration)
+    from autograder.host import kernel  # noqa: F401 - nbgrader's kernel manager (configuration)
 
 
 def main(args: list[str]) -> int:

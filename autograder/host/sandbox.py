@@ -1,15 +1,15 @@
 """Running a grading process under a submission's limits, leaving nothing behind.
 
 Every command that executes learner code (nbgrader's autograde, the crash probe) runs here:
-in its own process group, under ``autograder.reaper`` (so nothing it starts survives it, in
+in its own process group, under ``autograder.host.reaper`` (so nothing it starts survives it, in
 any session or group), with an address-space limit on CPU-only machines, its share of the
 cores, hypothesis' files in the submission's own folder, and a time limit. With
-``Limits.sandbox`` it also runs in a bubblewrap sandbox (``autograder.bubblewrap``) that sees
+``Limits.sandbox`` it also runs in a bubblewrap sandbox (``autograder.host.bubblewrap``) that sees
 only the system, the Python environment, the course's packages and the submission's own
 folders, with HOME and every cache inside them, no network and its own PID namespace; the
 reaper still runs inside it (it gives the time limit and its exit status). nbgrader's own
 command, which runs outside the sandbox, is forked with its reaper from a process that has
-nbgrader loaded (``autograder.forkserver``) rather than started afresh, where Linux allows.
+nbgrader loaded (``autograder.host.forkserver``) rather than started afresh, where Linux allows.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder import bubblewrap, forkserver
-from autograder.bubblewrap import probe
+from autograder.host import bubblewrap, forkserver
+from autograder.host.bubblewrap import probe
 from course.runtime import gpu_name
 
 __all__ = ["Limits", "end_all", "probe", "run"]
@@ -73,7 +73,7 @@ def run(command: list[str], cwd: Path, timeout: int, limits: Limits,
     with tempfile.NamedTemporaryFile("w+", encoding="utf-8", errors="replace") as output:
         process = _start_warm(command, cwd, env, output.name, timeout, limits) if warm else None
         if process is None:
-            reaped = [sys.executable, "-m", "autograder.reaper", str(timeout), "--", *command]
+            reaped = [sys.executable, "-m", "autograder.host.reaper", str(timeout), "--", *command]
             if limits.sandbox:
                 reaped = confine(reaped, cwd, list(writable) or [cwd], env)
             process = subprocess.Popen(reaped, cwd=cwd, env=env, stdout=output,

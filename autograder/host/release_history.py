@@ -3,7 +3,7 @@
 A learner may hand in a notebook from an earlier release of a chapter. Its given cells (a
 demonstration, a set-up cell) read as that release wrote them, and a line there that reaches
 for the grader (an earlier demonstration imported its fixtures from the checks) is the
-course's, not the learner's: the static scan (``autograde.flagged_line``) spares it in the
+course's, not the learner's: the static scan (``flagging.flagged_line``) spares it in the
 cell it was released in, as it spares the current release's lines.
 
 ``release_history.json`` keeps, for each chapter and cell id, every such line any release
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.guard import suspicious_code
+from autograder.host.flagging import suspicious_code
 
 HISTORY = Path(__file__).with_name("release_history.json")
 

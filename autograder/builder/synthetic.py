@@ -7,7 +7,7 @@ import re
 
 import nbformat
 
-from autograder.chapters import EXERCISES, Chapter
+from autograder.host.chapters import EXERCISES, Chapter
 
 BREAKAGES = {
     "endless-loop": "while True:\n    pass\n",

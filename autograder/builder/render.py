@@ -12,7 +12,8 @@ holds an answer). Rendering replaces each such definition in the cell with the l
 (a method dedented to the top level); the rest of the cell (imports, ``BlockManager.allocate =
 allocate``) is the notebook's own; the notebooks carry no pointer to the library. ``make
 exercises`` renders, then nbgrader's ``generate_assignment`` turns the markers into stubs;
-the learner edition turns the same markers in the library into stubs (``autograder.edition``).
+the learner edition turns the same markers in the library into stubs
+(``autograder.builder.edition``).
 
 Sources are read as text (``ast``), never imported: kernels must not be defined before
 ``course.setup()`` picks Triton's mode.

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.chapters import REPO, SOLUTIONS, chapters
+from autograder.host.chapters import REPO, SOLUTIONS, chapters
 from course.language import locale_folder, split_template
 
 TRANSLATED = ("zh_CN",)  # the languages the course is translated into
@@ -52,8 +52,8 @@ GLOSSARY = REPO / "docs" / "glossary.zh_CN.md"
 # catalogues).
 GRADER_MODULES = ("checks/_helpers.py", "checks/_contract.py", "checks/_memory_audit.py",
                   "checks/_harness.py", "checks/_tensors.py", "private.py", "borrowing.py",
-                  "guard.py", "autograde.py", "report.py", "feedback.py", "submission.py",
-                  "chapters.py")
+                  "guard.py", "host/autograde.py", "host/report.py", "host/feedback.py",
+                  "host/submission.py", "host/chapters.py")
 _DIRECTIVE = re.compile(r"^#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)|^#!|^#\s*(noqa|type:)")
 
 
