@@ -49,6 +49,9 @@ from autograder.private import record
 from autograder.table import PARTS
 
 CHECKS = REPO / "autograder" / "checks"
+_EDITION_PACKAGE = ('"""The course\'s checks, as this edition holds them: what a notebook\'s test '
+                    'cells call,\nand what keeps a notebook\'s own code from switching them '
+                    'off."""\n')
 
 
 def kernel_side() -> list[Path]:
@@ -172,6 +175,8 @@ def _copy_checks(destination: Path, included: list[Chapter]) -> None:
         target = destination / path.relative_to(REPO)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
+    # the package's own docstring maps folders an edition does not hold
+    (destination / "autograder" / "__init__.py").write_text(_EDITION_PACKAGE, encoding="utf-8")
     for module in checks_modules(included):
         target = destination / module_file(module).relative_to(REPO)
         target.parent.mkdir(parents=True, exist_ok=True)
