@@ -69,7 +69,20 @@ def selected(request, argname: str) -> list:
     return values
 
 
-def printed(stdout: str, notebook: Path) -> str:
+def graded_together(notebooks: dict[str, list[Path]], report: Path
+                    ) -> dict[str, tuple[list[dict], str]]:
+    """Every notebook of ``notebooks`` graded by one ``grade`` command, as an instructor
+    grades a folder: each key -> (its notebooks' results, in order; what was printed for the
+    first of them)."""
+    done = grade("grade", *(path for paths in notebooks.values() for path in paths),
+                 "--json", report)
+    assert done.returncode == 0, done.stderr
+    by_notebook = {result["notebook"]: result for result in json.loads(report.read_text())}
+    return {key: ([by_notebook[str(path)] for path in paths], _printed(done.stdout, paths[0]))
+            for key, paths in notebooks.items()}
+
+
+def _printed(stdout: str, notebook: Path) -> str:
     """What ``grade`` printed for ``notebook``: its heading line and the lines under it."""
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith((f"{notebook}:",

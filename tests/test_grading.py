@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import CHAPTERS, grade, max_points, printed, selected
+from conftest import CHAPTERS, grade, graded_together, max_points, selected
 from mutants import ch01 as mutants
 from notebook_variants import (
     borrowed,
@@ -81,14 +81,8 @@ def every_chapter(request, repo, tmp_path_factory):
     grades a folder of a class's notebooks (the chapters this run selects): chapter name ->
     (the four results, in order; what was printed for the solution)."""
     folder = tmp_path_factory.mktemp("chapters")
-    four = {chapter.name: _four_notebooks(chapter, repo, folder / chapter.name)
-            for chapter in selected(request, "chapter")}
-    report = folder / "report.json"
-    done = grade("grade", *(path for paths in four.values() for path in paths), "--json", report)
-    assert done.returncode == 0, done.stderr
-    by_notebook = {result["notebook"]: result for result in json.loads(report.read_text())}
-    return {name: ([by_notebook[str(path)] for path in paths], printed(done.stdout, paths[0]))
-            for name, paths in four.items()}
+    return graded_together({chapter.name: _four_notebooks(chapter, repo, folder / chapter.name)
+                            for chapter in selected(request, "chapter")}, folder / "report.json")
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)

@@ -7,12 +7,11 @@ class's English and Chinese submissions of a chapter land in one gradebook.
 from __future__ import annotations
 
 import csv
-import json
 import re
 import shutil
 
 import pytest
-from conftest import CHAPTERS, grade, max_points, printed, selected
+from conftest import CHAPTERS, grade, graded_together, max_points, selected
 from notebook_variants import given_cells_edited
 
 from autograder.host.chapters import EXERCISES
@@ -33,12 +32,7 @@ def every_chapter(request, tmp_path_factory):
         solution = folder / chapter.name / f"{chapter.name}.ipynb"
         given_cells_edited(chapter.source_in(ZH), solution)
         two[chapter.name] = [solution, EXERCISES / ZH / f"{chapter.name}.ipynb"]
-    report = folder / "report.json"
-    done = grade("grade", *(path for paths in two.values() for path in paths), "--json", report)
-    assert done.returncode == 0, done.stderr
-    by_notebook = {result["notebook"]: result for result in json.loads(report.read_text())}
-    return {name: ([by_notebook[str(path)] for path in paths], printed(done.stdout, paths[0]))
-            for name, paths in two.items()}
+    return graded_together(two, folder / "report.json")
 
 
 @pytest.mark.pipeline
