@@ -16,3 +16,12 @@ Each layer imports only those before it, except that the command line (``host/cl
 starts the build's commands; ``tests/test_layers.py`` holds it. The kernel side needs only
 the course library; the host and the build need nbgrader (the ``grader`` extra).
 """
+
+from pathlib import Path
+
+
+def kernel_side() -> list[Path]:
+    """The kernel side's modules: those at this package's top, less its command line's door
+    (``__main__``)."""
+    return [path for path in sorted(Path(__file__).resolve().parent.glob("*.py"))
+            if path.name != "__main__.py"]

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import nbformat
 
+from autograder import kernel_side
 from autograder.answers import BEGIN, END, LIBRARY, chapter_answers, module_file, span
 from autograder.builder.render import load, subjects
 from autograder.builder.repository import set_setup_cell, url
@@ -52,14 +53,6 @@ CHECKS = REPO / "autograder" / "checks"
 _EDITION_PACKAGE = ('"""The course\'s checks, as this edition holds them: what a notebook\'s test '
                     'cells call,\nand what keeps a notebook\'s own code from switching them '
                     'off."""\n')
-
-
-def kernel_side() -> list[Path]:
-    """What of the grader runs in a learner's kernel, besides the checks: the modules at
-    ``autograder/``'s top, less its command line (``__main__``). The host's and the build's
-    packages (``host/``, ``builder/``) and the hidden checks stay out."""
-    return [path for path in sorted((REPO / "autograder").glob("*.py"))
-            if path.name != "__main__.py"]
 
 
 @dataclass
@@ -171,12 +164,16 @@ def checks_modules(included: list[Chapter]) -> list[str]:
 
 
 def _copy_checks(destination: Path, included: list[Chapter]) -> None:
+    # what of the grader runs in a learner's kernel: the kernel side (the host's and the
+    # build's packages and the hidden checks stay out), its package's docstring its own (the
+    # house's map names folders an edition does not hold)
     for path in kernel_side():
         target = destination / path.relative_to(REPO)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
-    # the package's own docstring maps folders an edition does not hold
-    (destination / "autograder" / "__init__.py").write_text(_EDITION_PACKAGE, encoding="utf-8")
+        if path.name == "__init__.py":
+            target.write_text(_EDITION_PACKAGE, encoding="utf-8")
+        else:
+            shutil.copyfile(path, target)
     for module in checks_modules(included):
         target = destination / module_file(module).relative_to(REPO)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ English one and its catalogue. What is collected::
     autograder/checks/chNN*.py  every string that reads as prose (not docstrings): hints,
     autograder/hidden/chNN*.py  ideas, the pieces they are made of
         -> autograder/locale/<language>/LC_MESSAGES/chNN.po
-    autograder/<grader>.py      the grader's messages and reports -> .../grader.po
+    autograder/ (GRADER_MODULES) the grader's messages and reports -> .../grader.po
     course/*.py                 what the library marks with ``tr(...)`` -> course/locale/...
 
 An f-string becomes a template (flag ``python-brace-format``): its holes are written as their

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autograder import kernel_side
 from autograder.host.autograde import Grader, Outcome, grader_failed
 from autograder.host.chapters import Chapter, NotGradable
 from autograder.host.report import NotebookResult
@@ -193,11 +194,11 @@ def graded_by(entry: Submission) -> str:
 def checks_of(number: str) -> list[Path]:
     """The grader's code that decides chapter ``number``'s grades: its visible and hidden
     checks, what every chapter's checks share, and the rest of the kernel side (the guard,
-    its arming, the tripwires: ``autograder/*.py``)."""
+    its arming, the tripwires)."""
     package = Path(__file__).parents[1]
     return [path for folder in ("checks", "hidden") for path in
             sorted((package / folder).glob("*.py"))
-            if path.name.startswith(("_", f"ch{number}"))] + sorted(package.glob("*.py"))
+            if path.name.startswith(("_", f"ch{number}"))] + kernel_side()
 
 
 def _remember(state: dict, entry: Submission, path: Path) -> None:
