@@ -37,6 +37,7 @@ from autograder.borrowing import check_subject
 from autograder.checks._helpers import CheckFailed
 from autograder.hints import in_language
 from autograder.table import parts_of
+from course.language import tr_later
 
 RECORDED = Path(__file__).resolve().parent / "checks" / "recorded"
 
@@ -57,7 +58,7 @@ def visible(check: Callable) -> Callable:
         outer = _STATE["scope"], _STATE["counts"]
         _STATE["scope"], _STATE["counts"] = f"{check.__module__}.{check.__name__}", {}
         try:
-            return _verdict(check, args, kwargs, "visible test")
+            return _verdict(check, args, kwargs, tr_later("visible test"))
         finally:
             _STATE["scope"], _STATE["counts"] = outer
 
@@ -83,7 +84,7 @@ def thorough(check: Callable) -> Callable:
     @functools.wraps(check)
     def run(*args: Any, **kwargs: Any) -> Any:
         check_subject(*args)
-        return _verdict(check, args, kwargs, "hidden test")
+        return _verdict(check, args, kwargs, tr_later("hidden test"))
 
     return run
 
@@ -271,10 +272,10 @@ def _replay(recording: Path) -> Any:
     def ask(path: str, args: tuple, kwargs: dict, attribute: bool) -> Any:
         key = _key(_STATE["scope"] or "", path, args, kwargs)
         if key not in answers:
-            raise NotRecorded(
+            raise NotRecorded(tr_later(
                 "This visible test asked something its recording does not answer; it needs "
                 "the course's full edition. Run the next cells and grade the notebook to see "
-                "what went wrong.")
+                "what went wrong."))
         kind, value = answers[key]
         if kind == "method":
             return _Method(ask, path)

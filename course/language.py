@@ -353,6 +353,7 @@ def tr(text: str) -> str:
 
 
 def tr_later(text: str) -> str:
-    """``text`` as it is: marks a text the library keeps in English (a name it also reads, an
-    event it counts) and translates where it shows it (``tr(name)``), for the catalogue."""
+    """``text`` as it is: marks a text kept in English (a name the library also reads, an
+    event it counts, a reason the grader gives) and translated where it is shown (``tr(name)``,
+    the grader's ``in_language``), for the catalogue."""
     return text

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
+from pathlib import Path
 
 import nbformat
 import polib
@@ -28,6 +30,20 @@ from autograder.builder.translation import (
     stale,
     update,
 )
+from autograder.hints import in_language
+from autograder.host.autograde import (
+    Grader,
+    Grading,
+    Job,
+    _neutralise,
+    flag,
+    grader_failed,
+    without_demonstrations,
+)
+from autograder.host.chapters import EXERCISES
+from autograder.host.feedback import HideHiddenTests
+from autograder.host.report import failure_message
+from autograder.host.submission import Submission, read
 from course.language import Catalogue, split_template
 
 CATALOGUES = [(catalogue_path(path, language), texts) for path, texts in domains().items()
@@ -198,3 +214,104 @@ def test_a_hint_is_translated_from_its_templates(catalogue, english, chinese):
 
 def test_a_template_is_cut_into_literals_and_holes():
     assert split_template("a {x} b {y!r:>{w}} {{c}}") == ("a ", "x", " b ", "y!r:>{w}", " {c}")
+
+
+# --- what the grader's host tells a learner ----------------------------------------------------
+# The host says much that only an instructor reads, and marks what a learner reads
+# (``autograder.builder.translation.grader_texts``): each message below is made by the host's
+# own code for a Chinese notebook and must reach the learner in Chinese.
+
+ZH = "zh_CN"
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _code_cell(source: str, cell_id: str, **nbgrader) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(source, id=cell_id)
+    if nbgrader:
+        cell.metadata["nbgrader"] = {"schema_version": 3, "grade_id": cell_id, **nbgrader}
+    return cell
+
+
+def _notebook(*cells: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    notebook = nbformat.v4.new_notebook(cells=list(cells))
+    notebook.metadata["course"] = {"language": ZH}
+    return notebook
+
+
+@pytest.mark.parametrize("outputs", [
+    None,
+    [nbformat.v4.new_output("error", ename="CellTimeoutError", evalue="", traceback=[])],
+    [nbformat.v4.new_output("stream", name="stderr", text="careful\n")],
+    [],
+], ids=["test cell missing", "cell timed out", "wrote to stderr", "no message"])
+def test_a_test_cells_failure_the_host_reads_is_told_in_chinese(outputs):
+    english = failure_message(outputs)
+    said = in_language(english, ZH)
+    assert said != english and CJK.search(said), said
+
+
+def test_a_grader_failure_is_told_in_chinese():
+    refused = Submission("nb.ipynb", "ada", "01_kv_cache_sizing", None,
+                         notebook=_notebook())
+    refused.refuse(str(grader_failed(ValueError("boom"))))
+    assert CJK.search(refused.result.error) and "ValueError: boom" in refused.result.error
+
+
+def test_a_notebook_handed_in_under_another_chapters_name_is_refused_in_chinese(tmp_path):
+    first, second = CHAPTERS[0], CHAPTERS[1]
+    handed_in = tmp_path / f"{second.name}.ipynb"
+    shutil.copy(EXERCISES / ZH / f"{first.name}.ipynb", handed_in)
+    stranger = tmp_path / "stranger.ipynb"
+    nbformat.write(_notebook(_code_cell("x = 1", "mine")), stranger)
+    wrong, unknown = (Submission(str(path), "ada", second.name if path == handed_in else "",
+                                 None, path) for path in (handed_in, stranger))
+    read([wrong, unknown], {c.name: c for c in CHAPTERS})
+    for refused in (wrong, unknown):
+        assert refused.result is not None and CJK.search(refused.result.error), \
+            refused.result.error
+    assert first.name in wrong.result.error and second.name in wrong.result.error
+
+
+def test_a_notebook_that_reaches_for_the_grader_gets_zero_in_chinese():
+    released = _notebook(_code_cell("answer = None", "todo", solution=True, grade=False))
+    learner = _notebook(_code_cell("import autograder.hidden", "todo", solution=True,
+                                   grade=False))
+    job = Job(CHAPTERS[0].name, "", "ada", "nb.ipynb", learner, ZH)
+    grading = Grading(job, [("test_a", 1.0)], released, Path("unused"), notebook=learner)
+    outcome = flag(Grader(), grading)
+    message = outcome.result.tests[0].message
+    assert outcome.result.score == 0 and CJK.search(message) and "autograder.hidden" in message
+
+
+def test_an_unchanged_demonstration_not_run_says_so_in_chinese():
+    shown = _code_cell("animate(pool)", "demo")
+    shown.metadata["tags"] = ["demo"]
+    stripped = without_demonstrations(_notebook(shown), _notebook(shown), ZH)
+    assert CJK.search(stripped.cells[0].source) and stripped.cells[0].source.startswith("#")
+
+
+def test_the_feedback_page_says_where_hidden_tests_were_in_chinese():
+    test = _code_cell("check(x)\n### BEGIN HIDDEN TESTS\nsecret(x)\n### END HIDDEN TESTS\n",
+                      "test_x", grade=True, points=1)
+    page, _ = HideHiddenTests().preprocess(_notebook(test), {})
+    assert "secret" not in page.cells[0].source and CJK.search(page.cells[0].source)
+
+
+def test_what_replaces_a_crashing_cell_is_chinese_python(tmp_path):
+    """A learner's cell that crashed the kernel is replaced by one that raises, and an answer
+    whose test crashed it ends with a stand-in that raises when used: both in Chinese, both
+    still Python that says so when run."""
+    answer = _code_cell("def size(n):\n    return n", "size", solution=True, grade=False)
+    mine = _code_cell("import os; os._exit(1)", "mine")
+    test = _code_cell("check_size(size)", "test_size", grade=True, points=1)
+    source = nbformat.writes(_notebook(answer, mine, test))
+    for crashed, replaced in ((1, 1), (2, 0)):  # the learner's cell; the test of an answer
+        path = tmp_path / f"crash-{crashed}.ipynb"
+        path.write_text(source)
+        assert _neutralise(path, crashed, source, ZH)
+        changed = nbformat.read(path, as_version=4).cells[replaced]
+        namespace: dict = {}
+        with pytest.raises(RuntimeError) as raised:
+            exec(changed.source, namespace)
+            namespace["size"](4)
+        assert CJK.search(str(raised.value)) and CJK.search(changed.source), changed.source

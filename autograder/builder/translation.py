@@ -12,7 +12,9 @@ English one and its catalogue. What is collected::
     autograder/checks/chNN*.py  every string that reads as prose (not docstrings): hints,
     autograder/hidden/chNN*.py  ideas, the pieces they are made of
         -> autograder/locale/<language>/LC_MESSAGES/chNN.po
-    autograder/ (GRADER_MODULES) the grader's messages and reports -> .../grader.po
+    autograder/checks/_*.py     the same, of the checks' shared helpers      -> .../grader.po
+    autograder/*.py, host/*.py  what the grader marks (``tr_later``, ``in_language``): its
+                                messages and reports to a learner             -> .../grader.po
     course/*.py                 what the library marks with ``tr(...)`` -> course/locale/...
 
 An f-string becomes a template (flag ``python-brace-format``): its holes are written as their
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import nbformat
 
+from autograder import kernel_side
 from autograder.host.chapters import REPO, SOLUTIONS, chapters
 from course.language import locale_folder, split_template
 
@@ -48,12 +51,6 @@ LABELS = ("title", "xaxis_title", "yaxis_title", "title_text", "x_title", "y_tit
           "subplot_titles", "description", "series", "ceilings")
 GLOSSARY = REPO / "docs" / "glossary.zh_CN.md"
 
-# The grader's own modules whose messages a learner reads (the chapters' checks have their own
-# catalogues).
-GRADER_MODULES = ("checks/_helpers.py", "checks/_contract.py", "checks/_memory_audit.py",
-                  "checks/_harness.py", "checks/_tensors.py", "private.py", "borrowing.py",
-                  "guard.py", "host/autograde.py", "host/report.py", "host/feedback.py",
-                  "host/submission.py", "host/chapters.py")
 _DIRECTIVE = re.compile(r"^#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)|^#!|^#\s*(noqa|type:)")
 
 
@@ -69,10 +66,11 @@ class Text:
 # --- collecting ------------------------------------------------------------------------------
 
 
-def module_texts(path: Path, marked_only: bool = False) -> list[Text]:
+def module_texts(path: Path, marked_only: bool = False, labels: bool = False) -> list[Text]:
     """The strings of a Python module a learner reads: those marked for translation (the
-    first argument of ``tr`` or ``in_language``), and unless ``marked_only`` every other one
-    that reads as prose (docstrings left out)."""
+    first argument of a call of one of ``MARKS``), with ``labels`` those given as a chart's or
+    widget's text, and unless ``marked_only`` every other one that reads as prose (docstrings
+    left out)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
@@ -81,7 +79,7 @@ def module_texts(path: Path, marked_only: bool = False) -> list[Text]:
     marked = {id(call.args[0]) for call in ast.walk(tree)
               if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
               and call.func.id in MARKS and call.args}
-    if marked_only:  # the library's charts and widgets
+    if labels:
         marked |= {id(value) for value in _labels(tree)}
     inner = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
              for v in node.values}
@@ -379,13 +377,25 @@ def domains() -> dict[Path, list[Text]]:
                    *sorted((grader / "hidden").glob(f"ch{number}*.py"))]
         found[locale_folder(grader, language) / f"ch{number}.po"] = [
             t for m in modules if m.exists() for t in module_texts(m)]
-    found[locale_folder(grader, language) / "grader.po"] = [
-        t for name in GRADER_MODULES if (grader / name).exists()
-        for t in module_texts(grader / name)]
+    found[locale_folder(grader, language) / "grader.po"] = grader_texts()
     library = REPO / "course"
     found[locale_folder(library, language) / "course.po"] = [
-        t for module in sorted(library.glob("*.py")) for t in module_texts(module, True)]
+        t for module in sorted(library.glob("*.py"))
+        for t in module_texts(module, marked_only=True, labels=True)]
     return found
+
+
+def grader_texts() -> list[Text]:
+    """What the grader says to a learner besides its chapters' checks, by where it is: the
+    checks' shared helpers (``checks/_*.py``) say nothing but hints, so all their prose; the
+    kernel side's other modules and the host also say what an instructor alone reads (a broken
+    build, a check's mistake, a class run's progress, a status in the CSV), so only what they
+    mark."""
+    grader = REPO / "autograder"
+    helpers = sorted((grader / "checks").glob("_*.py"))
+    marking = [*kernel_side(), *sorted((grader / "host").glob("*.py"))]
+    return [*(t for m in helpers for t in module_texts(m)),
+            *(t for m in marking for t in module_texts(m, marked_only=True))]
 
 
 def notebook_catalogue(chapter, language: str) -> Path:

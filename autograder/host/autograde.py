@@ -47,6 +47,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.arming import TIMINGS
+from autograder.hints import in_language
 from autograder.host import configuration
 from autograder.host.chapters import NotGradable
 from autograder.host.configuration import COURSE_ID
@@ -56,7 +57,7 @@ from autograder.host.release_history import released_lines
 from autograder.host.report import NOT_GRADED, NotebookResult, result_of
 from autograder.host.restore import defines, rebuild
 from autograder.host.sandbox import Limits, run
-from course.language import ENGLISH
+from course.language import ENGLISH, tr_later
 from course.language import ENVIRONMENT as LANGUAGE_SETTING
 
 __all__ = ["Grader", "Job", "Limits", "Outcome"]
@@ -206,8 +207,8 @@ class Grader:
 def grader_failed(error: Exception) -> NotGradable:
     """What a submission is told when grading it failed in the grader itself (a bug of the
     grader's, or of the Python it runs on): it is refused alone, the others are graded."""
-    return NotGradable(f"the grader failed on it ({type(error).__name__}: {error}); grade "
-                       "it again, and report it if it fails again")
+    return NotGradable(tr_later(f"the grader failed on it ({type(error).__name__}: {error}); "
+                                "grade it again, and report it if it fails again"))
 
 
 # --- the steps of grading one submission, in order -------------------------------------------
@@ -226,14 +227,16 @@ def flag(grader: Grader, grading: Grading) -> Outcome | None:
     flagged = flagged_line(grading.notebook, grading.released,
                            released_lines(grading.job.chapter))
     if flagged:
-        return grader.zero(grading, f"not graded: a cell of this notebook reaches for the "
-                                    f"grader ({flagged!r}); remove it and resubmit")
+        return grader.zero(grading, tr_later(f"not graded: a cell of this notebook reaches "
+                                             f"for the grader ({flagged!r}); remove it and "
+                                             "resubmit"))
     return None
 
 
 def strip_demonstrations(grader: Grader, grading: Grading) -> None:
     """Unchanged demonstrations are not run (``without_demonstrations``)."""
-    grading.to_run = without_demonstrations(grading.notebook, grading.released)
+    grading.to_run = without_demonstrations(grading.notebook, grading.released,
+                                            grading.job.language)
 
 
 def place(grader: Grader, grading: Grading) -> None:
@@ -269,15 +272,16 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
                     LANGUAGE_SETTING: job.language,
                     SCORES: str(grading.work / "scores.json")})
         except subprocess.TimeoutExpired:
-            return grader.zero(grading, f"not graded: the notebook ran past its "
-                                        f"{limits.notebook_timeout} s limit (look for an endless "
-                                        "loop or a very slow cell)")
+            return grader.zero(grading, tr_later(
+                f"not graded: the notebook ran past its {limits.notebook_timeout} s limit (look "
+                "for an endless loop or a very slow cell)"))
         if "Kernel died" not in grading.log:  # what nbgrader's executor says of a crash
             return None
         crashed = grader.crashing_cell(grading.submitted, grading.scratch, job.source)
-        if crashed is None or not _neutralise(grading.submitted, crashed, job.source):
-            return grader.zero(grading, "not graded: the Python kernel crashed (a segfault or "
-                                        "an exit) in a test or given cell")
+        if crashed is None or not _neutralise(grading.submitted, crashed, job.source,
+                                              job.language):
+            return grader.zero(grading, tr_later("not graded: the Python kernel crashed (a "
+                                                 "segfault or an exit) in a test or given cell"))
     return None
 
 
@@ -292,8 +296,8 @@ def read_scores(grader: Grader, grading: Grading) -> None:
         errors = [line for line in lines if "ERROR" in line]
         said = [line.strip() for line in lines if line.strip()]
         reason = errors[0].split("]", 1)[-1].strip() if errors else \
-            " / ".join(said[-3:]) or "it wrote nothing"
-        raise NotGradable(f"nbgrader could not grade it ({reason})")
+            " / ".join(said[-3:]) or tr_later("it wrote nothing")
+        raise NotGradable(tr_later(f"nbgrader could not grade it ({reason})"))
     grading.executed = nbformat.read(executed, as_version=4)
     with contextlib.suppress(OSError, ValueError):  # the kernel's times around arming
         grading.marks["armed"] = json.loads((grading.scratch / "timings.json").read_text())
@@ -385,19 +389,17 @@ def as_graded(notebook: nbformat.NotebookNode, source: nbformat.NotebookNode
     return restored
 
 
-def _neutralise(notebook: Path, index: int, source: str) -> bool:
+def _neutralise(notebook: Path, index: int, source: str, language: str = ENGLISH) -> bool:
     """Keep cell ``index``, which killed the kernel, from running again; False where it
     cannot be. A cell of the learner's is replaced by one that raises, saying why. A test
     cell (nbgrader restores it from the gradebook, as ``source`` has it) is traced to the
     answers it checks, the names its ``check_*(name)`` calls pass: each such answer cell
     ends with a stand-in that raises when used, so that TODO's tests fail saying why and
-    the rest of the notebook is graded without it."""
+    the rest of the notebook is graded without it. What it writes is in ``language``."""
     contents = nbformat.read(notebook, as_version=4)
     meta = contents.cells[index].metadata.get("nbgrader", {})
     if not (meta.get("grade") or meta.get("locked")):
-        contents.cells[index].source = (
-            'raise RuntimeError("This cell crashed the Python kernel when the notebook was '
-            'graded (a segfault or an exit), so it was not run.")')
+        contents.cells[index].source = in_language(_CRASHED_CELL, language)
         nbformat.write(contents, notebook)
         return True
     test = as_graded(contents, nbformat.reads(source, as_version=4)).cells[index]
@@ -410,12 +412,15 @@ def _neutralise(notebook: Path, index: int, source: str) -> bool:
         return False
     for answer, names in answers:
         stand_ins = "".join(f"\n\n{name} = _CrashedAnswer({name!r})" for name in names)
-        answer.source = _CRASHED_ANSWER + answer.source + stand_ins
+        answer.source = in_language(_CRASHED_ANSWER, language) + answer.source + stand_ins
     nbformat.write(contents, notebook)
     return True
 
 
-_CRASHED_ANSWER = '''class _CrashedAnswer:
+_CRASHED_CELL = tr_later(
+    'raise RuntimeError("This cell crashed the Python kernel when the notebook was graded (a '
+    'segfault or an exit), so it was not run.")')
+_CRASHED_ANSWER = tr_later('''class _CrashedAnswer:
     """Stands in for an answer that crashed the Python kernel when its test ran."""
 
     def __init__(self, name):
@@ -428,24 +433,25 @@ _CRASHED_ANSWER = '''class _CrashedAnswer:
     __getitem__ = __call__  # a Triton kernel is launched as kernel[grid](...)
 
 
-'''
+''')
 
 
 DEMO = "demo"  # the tag of a cell that only shows something: no test needs what it does
-NOT_RUN = "# A demonstration, not run while grading: no test needs it.\n"
+NOT_RUN = tr_later("# A demonstration, not run while grading: no test needs it.\n")
 
 
-def without_demonstrations(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode
-                           ) -> nbformat.NotebookNode:
+def without_demonstrations(notebook: nbformat.NotebookNode, released: nbformat.NotebookNode,
+                           language: str = ENGLISH) -> nbformat.NotebookNode:
     """``notebook`` with every cell that is one of the released notebook's demonstrations
     (tagged ``demo``, its source unchanged) emptied: serving a workload or animating a pool
-    costs a grading run time and decides no grade. A learner's own or edited cell still runs."""
+    costs a grading run time and decides no grade; ``NOT_RUN``, in ``language``, says so in
+    its place. A learner's own or edited cell still runs."""
     shown = {c.source for c in released.cells
              if c.cell_type == "code" and DEMO in c.get("metadata", {}).get("tags", [])}
-    trimmed = nbformat.from_dict(notebook)
+    trimmed, not_run = nbformat.from_dict(notebook), in_language(NOT_RUN, language)
     for cell in trimmed.cells:
         if cell.get("cell_type") == "code" and cell.get("source") in shown:
-            cell.source = NOT_RUN
+            cell.source = not_run
     return trimmed
 
 

@@ -110,7 +110,7 @@ def _grade_ids(source: Path) -> frozenset[str]:
 
 def load_submission(path: Path, origin: str | None = None) -> nbformat.NotebookNode:
     """Read a learner's notebook, or raise ``NotGradable`` saying in one line what is wrong
-    (naming the file as ``origin``)."""
+    (naming the file as ``origin``). In English: a file not read names no language."""
     name = origin or str(path)
     if not path.exists():
         raise NotGradable(f"{name}: no such file")

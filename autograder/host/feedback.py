@@ -30,7 +30,8 @@ class HideHiddenTests(Preprocessor):
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "code":
-            cell.source = _HIDDEN.sub("# (hidden tests)\n", cell.source)
+            hidden = in_language("# (hidden tests)", self._language) + "\n"
+            cell.source = _HIDDEN.sub(lambda found: hidden, cell.source)
             cell.outputs = [self._without_traceback(o) for o in cell.get("outputs", [])]
         return cell, resources
 

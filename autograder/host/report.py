@@ -6,7 +6,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from autograder.hints import in_language
-from course.language import ENGLISH, aligned, columns
+from course.language import ENGLISH, aligned, columns, tr_later
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # exceptions whose message is the whole hint (the checks' verdicts, a borrowed answer)
@@ -85,19 +85,20 @@ def result_of(chapter: str, tests: list[tuple[str, float]], learner: str, origin
 def failure_message(outputs: list | None) -> str:
     """The hint a failed test cell left in its outputs, in one paragraph."""
     if outputs is None:
-        return "this test cell is missing from the notebook"
+        return tr_later("this test cell is missing from the notebook")
     for output in outputs:
         if output.get("output_type") == "error":
             if output.get("ename") in VERDICTS and output.get("evalue"):
                 return _ANSI.sub("", output["evalue"])
             if output.get("ename") == "CellTimeoutError":
-                return "the cell ran past its time limit (look for an endless loop)"
+                return tr_later("the cell ran past its time limit (look for an endless loop)")
             return _ANSI.sub("", f"{output.get('ename')}: {output.get('evalue')}".strip())
     for output in outputs:
         if output.get("output_type") == "stream" and output.get("name") == "stderr":
             first = next((line for line in output.get("text", "").splitlines() if line), "")
-            return f"the cell wrote to stderr, which nbgrader scores as a failure: {first}"
-    return "the cell did not pass (no error message was recorded)"
+            return tr_later(
+                f"the cell wrote to stderr, which nbgrader scores as a failure: {first}")
+    return tr_later("the cell did not pass (no error message was recorded)")
 
 
 def format_report(result: NotebookResult) -> str:

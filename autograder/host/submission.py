@@ -23,7 +23,7 @@ from autograder.hints import in_language
 from autograder.host.autograde import Job
 from autograder.host.chapters import Chapter, NotGradable, load_submission, recognise
 from autograder.host.report import NotebookResult
-from course.language import ENGLISH, LANGUAGES
+from course.language import ENGLISH, LANGUAGES, tr_later
 
 
 @dataclass
@@ -92,11 +92,13 @@ def read(submissions: list[Submission], known: dict[str, Chapter]) -> None:
         actual = recognise(submission.notebook, known)
         named = known.get(submission.chapter)
         if actual is None and named is None:
-            submission.refuse(f"not a notebook of this course's chapters ({', '.join(known)})")
+            submission.refuse(tr_later(
+                f"not a notebook of this course's chapters ({', '.join(known)})"))
         elif actual is not None and named is not None and actual != named:
-            submission.refuse(f"this is the notebook of {actual.name} (its cells say so), "
-                              f"handed in as {named.name}; it was not graded as either: hand "
-                              f"in {named.name}'s notebook under that name")
+            submission.refuse(tr_later(
+                f"this is the notebook of {actual.name} (its cells say so), handed in as "
+                f"{named.name}; it was not graded as either: hand in {named.name}'s notebook "
+                "under that name"))
         else:
             submission.target = named or actual
             submission.chapter = submission.target.name
