@@ -267,15 +267,16 @@ def test_a_notebook_past_its_time_limit_scores_zero_and_the_next_is_still_graded
     assert solution_result["score"] == FULL_MARKS
 
 
-def test_grading_runs_its_named_steps_in_order_and_the_benchmark_reads_their_marks(repo):
-    """A solution goes through every step of ``autograde.STEPS``, in order, each leaving its
-    mark; ``python -m autograder bench --breakdown`` reads where the time went from them, every
-    part of it a real, non-negative span within the grading's own."""
-    from autograder.builder.bench import parts_of
-    from autograder.host.autograde import STEPS, Grader, Job
+def test_grading_runs_its_named_steps_in_order_and_the_benchmark_times_them(repo):
+    """A solution goes through every step of ``autograde.STEPS``, in order, each run by
+    ``Grader.step``; ``python -m autograder bench --breakdown`` times them there (``Timed``)
+    and reads where the time went, every part of it a real, non-negative span within the
+    grading's own."""
+    from autograder.builder.timing import Timed, time_parts
+    from autograder.host.autograde import STEPS, Job
 
     source = (repo / "solutions" / f"{CHAPTER}.ipynb").read_text(encoding="utf-8")
-    grader = Grader()
+    grader = Timed()
     grader.template(CHAPTER, source)
     began = time.time()
     outcome = grader.autograde(Job(CHAPTER, source, "ada", "ada.ipynb",
@@ -283,28 +284,30 @@ def test_grading_runs_its_named_steps_in_order_and_the_benchmark_reads_their_mar
     ended = time.time()
     assert outcome.result.score == FULL_MARKS
     steps = [step.__name__ for step in STEPS]
-    marked = [name for name in outcome.marks if name in steps]
+    marked = [name for name in grader.marks if name in steps]
     assert marked == steps
-    assert [outcome.marks[name] for name in steps] == sorted(outcome.marks[n] for n in steps)
-    parts = parts_of(outcome)
+    assert [grader.marks[name] for name in steps] == sorted(grader.marks[n] for n in steps)
+    parts = time_parts(grader.marks, outcome.executed)
     assert set(parts) == {"course copy", "nbgrader and kernel start", "imports and set-up",
                           "notebook's own cells", "test cells", "nbgrader after the last cell"}
     assert all(0 <= seconds < ended - began for seconds in parts.values()), parts
-    assert parts["test cells"] > 0 and "armed" in outcome.marks  # the kernel wrote its times
+    assert parts["test cells"] > 0 and "armed" in grader.marks  # the kernel wrote its times
     assert sum(parts.values()) <= ended - began
 
 
 def test_a_flagged_notebook_stops_at_the_flag_step(repo):
     """A step that gives an outcome ends the grading there: a notebook that reaches for the
-    grader scores zero, unrun, and no later step leaves a mark."""
-    from autograder.host.autograde import Grader, Job
+    grader scores zero, unrun, and no later step runs."""
+    from autograder.builder.timing import Timed
+    from autograder.host.autograde import Job
 
     source = (repo / "solutions" / f"{CHAPTER}.ipynb").read_text(encoding="utf-8")
     notebook = nbformat.reads(source, as_version=4)
     answer = next(c for c in notebook.cells
                   if c.metadata.get("nbgrader", {}).get("solution"))
     answer.source += "\nimport autograder.hidden.ch01\n"
-    outcome = Grader().autograde(Job(CHAPTER, source, "ada", "ada.ipynb", notebook))
+    grader = Timed()
+    outcome = grader.autograde(Job(CHAPTER, source, "ada", "ada.ipynb", notebook))
     assert outcome.result.score == 0
     assert all("reaches for the grader" in t.message for t in outcome.result.tests)
-    assert list(outcome.marks) == ["rebuild_answers", "flag"]
+    assert list(grader.marks) == ["rebuild_answers", "flag"]

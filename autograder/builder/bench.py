@@ -14,7 +14,7 @@ and prints notebooks per minute; so does each ``--dask`` address (``local:N``: N
 processes on this machine).
 
 ``--breakdown`` grades each chapter's solution notebook alone (``--repeat`` times, the median
-kept) and prints where its time went (``parts_of``): copying its course, nbgrader
+kept) and prints where its time went (``autograder.builder.timing``): copying its course, nbgrader
 and the kernel starting, the imports and set-up before the first cell, the notebook's own
 cells, the test cells, nbgrader after the last cell; and the part that is not the tests.
 
@@ -32,15 +32,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import nbformat
 
 from autograder.builder.synthetic import BREAKAGES, broken, solved
 from autograder.host.chapters import chapters
-
-if TYPE_CHECKING:  # the grader itself is loaded only by what grades
-    from autograder.host.autograde import Outcome
 
 
 def synthetic_class(folder: Path, learners: int) -> None:
@@ -58,70 +54,6 @@ def synthetic_class(folder: Path, learners: int) -> None:
         path = folder / f"learner-{index:03d}-{kind}" / f"{chapter.name}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(notebook, path)
-
-
-def parts_of(outcome: Outcome) -> dict[str, float]:
-    """Where one notebook's grading time went, from its outcome's marks (``Outcome.marks``)
-    and the executed notebook's cell times: copying its course, nbgrader and the kernel
-    starting, the imports and set-up before the first cell (``arming``; when the kernel
-    wrote no times, they count as nbgrader's), the notebook's own cells (set-up, answers,
-    demonstrations), the test cells, and nbgrader after the last cell."""
-    import datetime as dt
-
-    marks = outcome.marks
-    started = marks["nbgrader_started"]
-    armed_from, armed_to = marks.get("armed", (started, started))
-    cells, tests, last = 0.0, 0.0, None
-    for cell in outcome.executed.cells:
-        times = cell.get("metadata", {}).get("execution", {})
-        if "iopub.execute_input" not in times or "shell.execute_reply" not in times:
-            continue
-        began = dt.datetime.fromisoformat(times["iopub.execute_input"]).timestamp()
-        last = dt.datetime.fromisoformat(times["shell.execute_reply"]).timestamp()
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
-            tests += last - began
-        else:
-            cells += last - began
-    return {"course copy": marks["place"] - marks["strip_demonstrations"],
-            "nbgrader and kernel start": armed_from - started,
-            "imports and set-up": armed_to - armed_from,
-            "notebook's own cells": cells, "test cells": tests,
-            "nbgrader after the last cell": marks["run_nbgrader"] - (last or marks["run_nbgrader"])}
-
-
-def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
-    """Chapter -> part -> seconds (the median of ``repeat`` gradings of its solution)."""
-    import statistics
-
-    from autograder.host.autograde import Grader, Job, Limits
-    from course.runtime import detect
-
-    grader = Grader(Limits(sandbox=sandbox), detect().label)
-    found = {}
-    for chapter in chapters().values():
-        source = chapter.source.read_text(encoding="utf-8")
-        grader.template(chapter.name, source)  # released before timing, as grade-all does
-        runs = [parts_of(grader.autograde(Job(chapter.name, source, "learner",
-                                              str(chapter.source),
-                                              nbformat.reads(source, as_version=4))))
-                for _ in range(repeat)]
-        found[chapter.name] = {part: statistics.median(run[part] for run in runs)
-                               for part in runs[0]}
-    return found
-
-
-def _breakdown_table(found: dict[str, dict[str, float]]) -> str:
-    parts = list(next(iter(found.values())))
-    lines = [f"{'chapter':<38}" + "".join(f"{p[:14]:>15}" for p in parts) + f"{'not tests':>11}"]
-    for chapter, times in found.items():
-        fixed = sum(v for p, v in times.items() if p != "test cells")
-        lines.append(f"{chapter:<38}" + "".join(f"{times[p]:>15.2f}" for p in parts)
-                     + f"{fixed:>11.2f}")
-    mean = {p: sum(t[p] for t in found.values()) / len(found) for p in parts}
-    fixed = sum(v for p, v in mean.items() if p != "test cells")
-    lines.append(f"{'mean':<38}" + "".join(f"{mean[p]:>15.2f}" for p in parts)
-                 + f"{fixed:>11.2f}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args.repeat = args.repeat or 3
     if args.breakdown:
         import course
+        from autograder.builder.timing import breakdown, breakdown_table
         from autograder.host.sandbox import probe
 
         course.setup(quiet=True)
@@ -164,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seconds per notebook, median of {args.repeat}; `python -m autograder.builder.bench "
               f"--breakdown --repeat {args.repeat} --sandbox {args.sandbox}` (sandbox "
               f"{'on' if sandbox else 'off'})")
-        print(_breakdown_table(breakdown(args.repeat, sandbox)))
+        print(breakdown_table(breakdown(args.repeat, sandbox)))
         return 0
     with tempfile.TemporaryDirectory(prefix="kv-course-bench-") as scratch:
         uploads = Path(scratch) / "uploads"

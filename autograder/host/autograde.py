@@ -7,7 +7,7 @@
         gradebook.db                                its gradebook
         submitted/<learner>/NN_slug/NN_slug.ipynb   the submission, rebuilt (``restore``)
         autograded/<learner>/NN_slug/NN_slug.ipynb  (the kernel's working directory)
-    <temp>/kv-k-XXXX/                       the kernel's own: sockets, HOME, caches, timings
+    <temp>/kv-k-XXXX/                       the kernel's own: sockets, HOME, caches
 
 ``Grader.autograde`` takes a ``Job`` (the chapter's source notebook as text, the learner's
 notebook, who and what it is) and gives back an ``Outcome`` (the result of every test, and
@@ -27,7 +27,6 @@ learner wrote that reach for the grader, and such a notebook scores zero.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -38,15 +37,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import nbformat
 
-from autograder.arming import TIMINGS
 from autograder.hints import in_language
 from autograder.host import configuration
 from autograder.host.chapters import NotGradable
@@ -61,6 +58,8 @@ from course.language import ENGLISH, tr_later
 from course.language import ENVIRONMENT as LANGUAGE_SETTING
 
 __all__ = ["Grader", "Job", "Limits", "Outcome"]
+
+Step = Callable[["Grader", "Grading"], "Outcome | None"]  # one of ``STEPS``
 
 _CRASH_RETRIES = 3  # cells that kill the kernel, replaced one at a time before giving up
 
@@ -81,11 +80,6 @@ class Job:
 class Outcome:
     result: NotebookResult
     executed: dict | None = None  # the graded notebook, for the feedback page
-    # wall-clock times (time.time()) when each step ended (by its name), "nbgrader_started"
-    # when nbgrader's last run began, and "armed" when the kernel began and ended arming
-    # (written in the sandbox); for ``python -m autograder bench --breakdown``, which reads
-    # them with the executed notebook's cell times
-    marks: dict[str, float | list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,7 +97,6 @@ class Grading:
     log: str = ""  # what nbgrader's last run said
     scores: dict[str, float] | None = None  # grade id -> points, as nbgrader recorded them
     executed: nbformat.NotebookNode | None = None  # the notebook as nbgrader ran it
-    marks: dict[str, float | list[float]] = field(default_factory=dict)
 
     @property
     def submitted(self) -> Path:
@@ -163,16 +156,23 @@ class Grader:
                           template)
         try:
             for step in STEPS:  # the last, ``report``, always gives an outcome
-                outcome = step(self, grading)
-                grading.marks[step.__name__] = time.time()
+                outcome = self.step(step, grading)
                 if outcome is not None:
-                    break
-            outcome.marks = grading.marks
-            return outcome
+                    return outcome
         finally:
             for folder in (grading.work, grading.scratch):
                 if folder is not None:
                     shutil.rmtree(folder, ignore_errors=True)
+
+    def step(self, step: Step, grading: Grading) -> Outcome | None:
+        """Run one step of ``STEPS`` on ``grading``: the one place a step runs, where
+        ``python -m autograder bench --breakdown`` times them."""
+        return step(self, grading)
+
+    def kernel_environment(self, grading: Grading) -> dict[str, str]:
+        """What the grading kernel's environment holds besides the notebook's language and
+        where its scores go: nothing (the benchmark asks for the kernel's own times)."""
+        return {}
 
     def zero(self, grading: Grading, reason: str) -> Outcome:
         """Zero for every test, and the notebook as nbgrader should record it: not run, each
@@ -263,13 +263,11 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
     job, limits = grading.job, grader.limits
     for _ in range(_CRASH_RETRIES + 1):
         (grading.work / "scores.json").unlink(missing_ok=True)
-        grading.marks["nbgrader_started"] = time.time()
         try:
             grading.log = nbgrader(
                 grading.work, ["autograde", job.chapter, "--student", job.learner, "--force"],
                 limits.notebook_timeout, limits, environment={
-                    TIMINGS: str(grading.scratch / "timings.json"),
-                    LANGUAGE_SETTING: job.language,
+                    **grader.kernel_environment(grading), LANGUAGE_SETTING: job.language,
                     SCORES: str(grading.work / "scores.json")})
         except subprocess.TimeoutExpired:
             return grader.zero(grading, tr_later(
@@ -299,8 +297,6 @@ def read_scores(grader: Grader, grading: Grading) -> None:
             " / ".join(said[-3:]) or tr_later("it wrote nothing")
         raise NotGradable(tr_later(f"nbgrader could not grade it ({reason})"))
     grading.executed = nbformat.read(executed, as_version=4)
-    with contextlib.suppress(OSError, ValueError):  # the kernel's times around arming
-        grading.marks["armed"] = json.loads((grading.scratch / "timings.json").read_text())
 
 
 def report(grader: Grader, grading: Grading) -> Outcome:
@@ -313,7 +309,7 @@ def report(grader: Grader, grading: Grading) -> Outcome:
 
 # Grading one submission: each step reads and fills the ``Grading``; the first to return an
 # ``Outcome`` ends it (a zero, or the report). A step is known by its function's name.
-STEPS: tuple[Callable[[Grader, Grading], Outcome | None], ...] = (
+STEPS: tuple[Step, ...] = (
     rebuild_answers, flag, strip_demonstrations, place, run_nbgrader, read_scores, report)
 
 
