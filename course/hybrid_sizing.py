@@ -1,0 +1,86 @@
+"""Sizing a hybrid model's cache: what a request holds in each group, how many requests a pool
+holds, and the block size that gives every group the same page.
+
+A request of n tokens, per kind of layer (``course.hybrid_models``)::
+
+    bytes
+      ^                                   full attention: grows with every token
+      |                              ___/
+      |                         ___/
+      |                    ___/
+      |               ___/ ________________  sliding window: stops growing at the window
+      |          ___/_/
+      |     ___//
+      |____//_____________________________  state: one fixed state from the first token on
+      +---------------------------------------> n tokens
+                 window
+
+One pool serves every group, in pages of one size (vLLM's hybrid KV cache manager): a page
+holds one block of one layer. Attention layers of different shapes get different block sizes
+so that their pages match; a state layer's page holds its whole state, and the attention
+layers' block size is raised until their page is at least that big (the state is padded to
+it).
+"""
+
+from __future__ import annotations
+
+from course.hybrid_models import FULL, SLIDING, STATE, HybridModel, LayerGroup
+
+
+def group_bytes_per_token(group: LayerGroup, bytes_per_element: float = 2) -> float:
+    """Bytes one more token adds to a group's cache, in all its layers: a key and a value
+    per KV head in every attention layer; nothing in a state layer, whose state does not
+    grow."""
+    if group.kind == STATE:
+        return 0
+    return 2 * group.num_layers * group.num_kv_heads * group.head_dim * bytes_per_element
+
+
+def request_bytes(model: HybridModel, num_tokens: int, bytes_per_element: float = 2) -> float:
+    """Bytes a request of ``num_tokens`` tokens holds in ``model``'s cache, every group
+    together: a full-attention group keeps every token, a sliding-window group at most its
+    ``window`` last tokens, a state group one state per layer (none before the first token).
+    """
+    total = 0.0
+    for group in model.groups:
+        if group.kind == FULL:
+            total += num_tokens * group_bytes_per_token(group, bytes_per_element)
+        elif group.kind == SLIDING:
+            total += min(num_tokens, group.window) * group_bytes_per_token(group,
+                                                                            bytes_per_element)
+        elif num_tokens > 0:
+            total += group.num_layers * group.state_elements * bytes_per_element
+    return total
+
+
+def requests_that_fit(model: HybridModel, pool_bytes: float, num_tokens: int,
+                      bytes_per_element: float = 2) -> int:
+    """How many requests of ``num_tokens`` tokens each ``pool_bytes`` of cache holds at
+    once (whole requests: an ``int``). A request of no tokens holds nothing, so the count
+    has no bound: ``ValueError``."""
+    each = request_bytes(model, num_tokens, bytes_per_element)
+    if each == 0:
+        raise ValueError("a request that holds no cache puts no bound on how many fit")
+    return int(pool_bytes // each)
+
+
+def attention_block_size(model: HybridModel, block_size: int, bytes_per_element: float = 2
+                         ) -> int:
+    """The tokens per block of ``model``'s attention layers that make one page, in bytes, at
+    least as big as a state layer's whole state: the smallest multiple of ``block_size`` that
+    does (vLLM aligns a block to its kernels' block size), ``block_size`` itself when the model
+    has no state layer. Its attention layers all have one shape."""
+    attention = next(g for g in model.groups if g.kind != STATE)
+    per_token = 2 * attention.num_kv_heads * attention.head_dim * bytes_per_element
+    state = max((g.state_elements * bytes_per_element for g in model.groups
+                 if g.kind == STATE), default=0)
+    blocks = max(1, -(-state // (block_size * per_token)))
+    return int(blocks * block_size)
+
+
+def page_bytes(model: HybridModel, block_size: int, bytes_per_element: float = 2) -> int:
+    """Bytes of one page of ``model``'s pool: one block of one attention layer at
+    ``attention_block_size``, which a state layer's state (padded) fits in."""
+    attention = next(g for g in model.groups if g.kind != STATE)
+    tokens = attention_block_size(model, block_size, bytes_per_element)
+    return int(2 * attention.num_kv_heads * attention.head_dim * bytes_per_element * tokens)
