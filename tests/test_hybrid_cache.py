@@ -20,6 +20,7 @@ from course.hybrid_cache import (
     skipped_tokens,
     sliding_window_hit,
 )
+from course.hybrid_manager import HybridBlockManager
 from course.hybrid_models import (
     FULL,
     HYBRID_MODELS,
@@ -289,3 +290,118 @@ def _computes_nothing_of_the_last_block(groups, tokens, block_size):
         "hybrid: one pass", "hybrid: the last token cached"])
 def test_the_comparison_catches_wrong_hits(full, sliding, hybrid):
     assert _disagreement(full, sliding, hybrid) is not None
+
+
+# --- one pool for every group ----------------------------------------------------------------
+
+
+def _held(computed: int, reserved: int, window: int | None, block_size: int) -> int:
+    """Blocks a group holds for a request with ``reserved`` tokens' room, ``computed`` of them
+    computed: a slot per block of room, less those its window left behind."""
+    slots = -(-reserved // block_size)
+    left = 0 if window is None else min(skipped_tokens(computed, window) // block_size, slots)
+    return slots - left
+
+
+def _manager_disagreement(manager_class: type, trials: int = 150) -> str | None:
+    """Drive ``manager_class`` with seeded random requests (new ones, steps of a few tokens,
+    frees) and compare it, after every call, with a count of what each request must hold: a
+    step succeeds exactly when its new blocks fit beside what everyone holds once the windows
+    have let go; the null block is never handed out; the blocks held and the free ones are
+    the pool, each once; a sliding table's null slots are exactly the blocks left behind."""
+    rng = random.Random(7)
+    for trial in range(trials):
+        block_size = rng.choice([1, 2, 4])
+        windows = rng.choice([[None], [3], [None, 4], [6, None], [None, 2, 9], [5, 5]])
+        num_blocks = rng.randint(2, 30)
+        manager = manager_class(num_blocks, block_size, windows)
+        room: dict[int, int] = {}  # request -> tokens it has room for (all computed)
+        seen: dict[int, int] = {}  # request -> tokens computed when its windows last slid
+        for step in range(50):
+            where = f"trial {trial}, step {step}, {block_size=}, {windows=}, {num_blocks=}"
+            request = rng.randrange(6)
+            if request in room and rng.random() < 0.15:
+                manager.free(request)
+                del room[request], seen[request]
+            else:
+                done = room.get(request, 0)
+                new = rng.randint(1, 3 * block_size + 1)
+                if request in room:
+                    seen[request] = done
+                held = sum(_held(seen[r], room[r], w, block_size)
+                           for r in room for w in windows)
+                needed = sum(-(-(done + new) // block_size) - -(-done // block_size)
+                             for _ in windows)
+                fits = needed <= num_blocks - 1 - held
+                if manager.allocate_slots(request, done, new) != fits:
+                    return f"{where}: allocate_slots of {new} tokens gave {not fits}"
+                if fits:
+                    room[request] = done + new
+                    seen.setdefault(request, done)
+            taken = [b for tables in manager.tables.values() for t in tables for b in t
+                     if b != NULL_BLOCK]
+            if sorted(taken + list(manager.free_blocks)) != list(range(1, num_blocks)):
+                return f"{where}: held {sorted(taken)} and free {list(manager.free_blocks)}"
+            if sorted(manager.tables) != sorted(room):
+                return f"{where}: tables for {sorted(manager.tables)}, expected {sorted(room)}"
+            for r, tokens in room.items():
+                for table, window in zip(manager.tables[r], windows, strict=True):
+                    left = 0 if window is None else min(
+                        skipped_tokens(seen[r], window) // block_size, len(table))
+                    nulls = [i for i, b in enumerate(table) if b == NULL_BLOCK]
+                    if len(table) != -(-tokens // block_size) or nulls != list(range(left)):
+                        return f"{where}: request {r} ({tokens} tokens) holds {table} ({window=})"
+    return None
+
+
+def test_one_pool_serves_every_group_all_or_none():
+    assert _manager_disagreement(HybridBlockManager) is None
+
+
+class _TakesWhatItCan(HybridBlockManager):
+    def allocate_slots(self, request, num_computed, num_new):
+        fits = super().allocate_slots(request, num_computed, num_new)
+        if not fits:  # hands out what is left to the first groups
+            tables = self.tables.setdefault(request, [[] for _ in self.windows])
+            needed = self.blocks_to_allocate(request, num_computed + num_new)
+            for table, count in zip(tables, needed, strict=True):
+                while count and self.free_blocks:
+                    table.append(self.free_blocks.popleft())
+                    count -= 1
+        return fits
+
+
+class _NeverSlides(HybridBlockManager):
+    def __init__(self, num_blocks, block_size, windows):
+        super().__init__(num_blocks, block_size, [None] * len(windows))
+
+
+class _FreesTheNullBlock(HybridBlockManager):
+    def free(self, request):
+        for table in self.tables.pop(request, []):
+            self.free_blocks.extend(reversed(table))
+
+
+class _CountsOnlyTheFirstGroup(HybridBlockManager):
+    def allocate_slots(self, request, num_computed, num_new):
+        for table, window in zip(self.tables.get(request, [[]] * len(self.windows)),
+                                 self.windows, strict=True):
+            if window is not None:
+                self.free_blocks.extend(free_skipped_blocks(table, num_computed, window,
+                                                            self.block_size))
+        needed = self.blocks_to_allocate(request, num_computed + num_new)
+        if needed[0] > len(self.free_blocks):
+            return False
+        tables = self.tables.setdefault(request, [[] for _ in self.windows])
+        for table, count in zip(tables, needed, strict=True):
+            table.extend(self.free_blocks.popleft() for _ in range(min(count,
+                                                                       len(self.free_blocks))))
+        return True
+
+
+@pytest.mark.parametrize("manager_class", [_TakesWhatItCan, _NeverSlides, _FreesTheNullBlock,
+                                           _CountsOnlyTheFirstGroup],
+                         ids=["not all or none", "never frees a window's blocks",
+                              "frees the null block", "counts one group's blocks"])
+def test_the_pool_comparison_catches_wrong_managers(manager_class):
+    assert _manager_disagreement(manager_class) is not None
