@@ -1,4 +1,5 @@
-"""Compile chapter 7's kernels, the course's or your own, for NVIDIA GPUs, on any machine.
+"""Compile the course's kernels (chapters 7 and 9, the sliding window's) or your own, for
+NVIDIA GPUs, on any machine.
 
 Triton's interpreter runs a kernel as NumPy and accepts code that NVIDIA's compiler rejects (a
 ``tl.dot`` whose reduced dimension K is under 16 for 16-bit inputs, say). Compiling for a
@@ -73,11 +74,15 @@ VARLEN = ("out_ptr:data", "query_ptr:data", "k_cache_ptr:data", "v_cache_ptr:dat
           "stride_table_seq:i32", "GROUP:constexpr", "GROUP_PAD:constexpr",
           "BLOCK_SIZE:constexpr", "BLOCK_PAD:constexpr", "HEAD_DIM:constexpr",
           "HEAD_PAD:constexpr")
+# Sliding-window decode (``kernels.sliding_window_attention``): the decode contract with the
+# window after the scale.
+WINDOW = (*DECODE[:7], "window:i32", *DECODE[7:])
 
 
 def _contract(names: list[str]) -> tuple[str, ...]:
-    if list(names) == [role.split(":")[0] for role in VARLEN]:
-        return VARLEN
+    for named in (VARLEN, WINDOW):
+        if list(names) == [role.split(":")[0] for role in named]:
+            return named
     if len(names) not in CONTRACTS:
         raise ValueError(f"a chapter-7 kernel takes {sorted(CONTRACTS)} arguments; this one "
                          f"takes {len(names)}: {', '.join(names)}")
@@ -447,6 +452,12 @@ def configurations(quick: bool = False):
     for (head_dim, block_size, group), dtype in itertools.product(varlen, DTYPES):
         names = [p.name for p in varlen_attention_kernel.params]
         yield varlen_attention_kernel, dtype, constants_for(names, block_size, head_dim, group)
+    from kernels.sliding_window_attention import sliding_window_kernel
+
+    windowed = ((64, 16, 8),) if quick else itertools.product((64, 128, 256), (16, 32), (1, 8))
+    for (head_dim, block_size, group), dtype in itertools.product(windowed, DTYPES):
+        names = [p.name for p in sliding_window_kernel.params]
+        yield sliding_window_kernel, dtype, constants_for(names, block_size, head_dim, group)
     merges = ((128, 16),) if quick else itertools.product((64, 80, 128, 256), (2, 16, 64))
     for (head_dim, splits), dtype in itertools.product(merges, DTYPES):
         names = [p.name for p in merge_splits_kernel.params]

@@ -1,0 +1,150 @@
+"""Paged decode attention for a sliding-window layer, in PyTorch and in Triton.
+
+A sliding-window layer's query at position ``p`` sees only the keys of positions
+``p - window + 1`` to ``p``. The decode query of a sequence of ``seq_len`` tokens is its last
+token, so it sees positions ``max(0, seq_len - window)`` to ``seq_len - 1``. A hybrid cache
+(``course.hybrid_manager``) has put the null block in the table slots before that, so the
+kernel's block loop starts at the window's first block, and never reads a null slot::
+
+    seq_len = 14, window = 6, block_size = 4: the query (position 13) sees 8..13
+
+    block_tables[seq]   [ 0 | 0 | 7 | 2 ]      0: the null block, never read
+    loop                          ^-- starts at block 8 // 4 = 2
+    valid slots                  8..11, 12..13 (14, 15 masked)
+
+Otherwise this is chapter 7's program (one per sequence and KV head, the query heads of a
+group together, an online softmax over the blocks). Import after ``course.setup()``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.paged_attention import validate_inputs
+from kernels.split_kv import head_pad, run_on_grid, table_layout
+
+__all__ = ["sliding_window_attention", "sliding_window_kernel", "sliding_window_reference"]
+
+
+@triton.jit
+def sliding_window_kernel(
+    out_ptr, query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, scale,
+    window,
+    stride_q_seq, stride_q_head,                       # query and out [seqs, q_heads, dim]
+    stride_kv_block, stride_kv_token, stride_kv_head,  # caches [blocks, block, kv_heads, dim]
+    stride_table_seq,                                  # block_tables [seqs, max_blocks]
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+):
+    """Decode attention of one sequence's query heads that share one KV head, over the last
+    ``window`` of its ``seq_len`` tokens (all of them when fewer): the blocks before the
+    window's first one are never read, and a sequence of length 0 gets zeros."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    rows = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + rows
+    real = rows < GROUP
+    tokens = tl.arange(0, BLOCK_SIZE)
+    dims = tl.arange(0, HEAD_PAD)
+    in_head = dims < HEAD_DIM
+
+    q_offsets = seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :]
+    q_mask = real[:, None] & in_head[None, :]
+    q = tl.load(query_ptr + q_offsets, mask=q_mask, other=0.0)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first = tl.maximum(seq_len - window, 0)  # the first position the query sees
+
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    total = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
+    for index in range(first // BLOCK_SIZE, tl.cdiv(seq_len, BLOCK_SIZE)):
+        block = tl.load(block_tables_ptr + seq * stride_table_seq + index).to(tl.int64)
+        positions = index * BLOCK_SIZE + tokens
+        valid = (positions >= first) & (positions < seq_len)
+        kv_offsets = (block * stride_kv_block + tokens[:, None] * stride_kv_token
+                      + kv_head * stride_kv_head + dims[None, :])
+        kv_mask = valid[:, None] & in_head[None, :]
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+
+        scores = tl.dot(q, tl.trans(k)) * scale
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        rescale = tl.exp(m - m_new)
+        weights = tl.exp(scores - m_new[:, None])
+        total = total * rescale + tl.sum(weights, axis=1)
+        acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+        m = m_new
+
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def _check_window(window: int) -> None:
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise TypeError(f"window must be an int, got {type(window).__name__}")
+    if window < 1:
+        raise ValueError(f"window must be at least 1 (the query sees itself), got {window}")
+
+
+def sliding_window_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_tables: torch.Tensor, seq_lens: torch.Tensor, window: int,
+                             scale: float) -> torch.Tensor:
+    """Decode attention over the last ``window`` tokens of each sequence of a paged cache
+    (shapes and rules as chapter 7's ``validate_inputs``, and ``window`` an int >= 1), in the
+    query's dtype; a sequence of length 0 gets zeros. Table slots before the window's first
+    block may hold anything (the null block): they are never read."""
+    _check_window(window)
+    validate_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    if query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        # the interpreter has no bf16 arithmetic: compute in fp32, return bf16
+        return sliding_window_attention(query.float(), k_cache.float(), v_cache.float(),
+                                        block_tables, seq_lens, window, scale
+                                        ).to(torch.bfloat16)
+    query = query.contiguous()
+    block_tables, seq_lens = table_layout(block_tables, seq_lens)
+    num_seqs, num_q_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_q_heads // num_kv_heads
+    out = torch.empty_like(query)
+    run_on_grid(
+        sliding_window_kernel, (num_seqs, num_kv_heads),
+        out, query, k_cache, v_cache, block_tables, seq_lens, scale, window,
+        query.stride(0), query.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, HEAD_PAD=head_pad(head_dim),
+    )
+    return out
+
+
+def sliding_window_reference(query: torch.Tensor, k_cache: torch.Tensor,
+                             v_cache: torch.Tensor, block_tables: torch.Tensor,
+                             seq_lens: torch.Tensor, window: int, scale: float
+                             ) -> torch.Tensor:
+    """The same in PyTorch: each sequence's window of keys and values gathered from its
+    blocks (from the window's first block on), fp32 arithmetic."""
+    _check_window(window)
+    num_seqs, num_q_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_q_heads // num_kv_heads
+    out = torch.zeros_like(query)
+    for seq in range(num_seqs):
+        length = int(seq_lens[seq])
+        if length == 0:
+            continue
+        first = max(0, length - window)
+        table = block_tables[seq, first // block_size: -(-length // block_size)].long()
+        start = first - first // block_size * block_size
+        keys = k_cache[table].reshape(-1, num_kv_heads, head_dim)
+        values = v_cache[table].reshape(-1, num_kv_heads, head_dim)
+        keys = keys[start: start + length - first].float().repeat_interleave(group, dim=1)
+        values = values[start: start + length - first].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", query[seq].float(), keys) * scale
+        out[seq] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values).to(query.dtype)
+    return out
