@@ -105,14 +105,15 @@ def paged_attention_kernel(
 
 
 def launch(kernel, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
+           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *after_scale: int,
            per_query_head: bool = False) -> torch.Tensor:
     """Run a chapter-7 decode kernel on a grid of (num_seqs, num_kv_heads) programs, or
     (num_seqs, num_q_heads) with ``per_query_head``, and return its output (a new tensor
     shaped and typed like ``query``).
 
     Every kernel of the chapter takes the same arguments: output and input pointers, the
-    scale, the strides (in elements) of query, caches and block tables, then the constants
+    scale (then ``after_scale``: a sliding window's size), the strides (in elements) of query,
+    caches and block tables, then the constants
     GROUP (query heads per KV head), GROUP_PAD (GROUP rounded up to a power of two),
     BLOCK_SIZE, HEAD_DIM and HEAD_PAD (HEAD_DIM rounded up to a power of two, at least 16).
     ``k_cache`` and ``v_cache`` must have the same strides, the head dimension contiguous.
@@ -129,7 +130,7 @@ def launch(kernel, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     grid = (num_seqs, num_q_heads if per_query_head else num_kv_heads)
     run_on_grid(
         kernel, grid,
-        out, query, k_cache, v_cache, block_tables, seq_lens, scale,
+        out, query, k_cache, v_cache, block_tables, seq_lens, scale, *after_scale,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),

@@ -24,8 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention import validate_inputs
-from kernels.split_kv import head_pad, run_on_grid, table_layout
+from kernels.paged_attention import launch, validate_inputs
 
 __all__ = ["sliding_window_attention", "sliding_window_kernel", "sliding_window_reference"]
 
@@ -97,7 +96,7 @@ def sliding_window_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache
     """Decode attention over the last ``window`` tokens of each sequence of a paged cache
     (shapes and rules as chapter 7's ``validate_inputs``, and ``window`` an int >= 1), in the
     query's dtype; a sequence of length 0 gets zeros. Table slots before the window's first
-    block may hold anything (the null block): they are never read."""
+    block are never read: they hold the null block (or any block of the pool)."""
     _check_window(window)
     validate_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale)
     if query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
@@ -105,22 +104,8 @@ def sliding_window_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache
         return sliding_window_attention(query.float(), k_cache.float(), v_cache.float(),
                                         block_tables, seq_lens, window, scale
                                         ).to(torch.bfloat16)
-    query = query.contiguous()
-    block_tables, seq_lens = table_layout(block_tables, seq_lens)
-    num_seqs, num_q_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    group = num_q_heads // num_kv_heads
-    out = torch.empty_like(query)
-    run_on_grid(
-        sliding_window_kernel, (num_seqs, num_kv_heads),
-        out, query, k_cache, v_cache, block_tables, seq_lens, scale, window,
-        query.stride(0), query.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim, HEAD_PAD=head_pad(head_dim),
-    )
-    return out
+    return launch(sliding_window_kernel, query, k_cache, v_cache, block_tables, seq_lens,
+                  scale, window)
 
 
 def sliding_window_reference(query: torch.Tensor, k_cache: torch.Tensor,
