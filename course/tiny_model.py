@@ -35,6 +35,12 @@ class TinyConfig:
     head_dim: int = 16
     mlp_hidden: int = 128
     rope_theta: float = 10000.0
+    # per layer, the keys a query sees (itself included) for a sliding-window layer, or None
+    # for full attention (chapter 10's hybrid models); None: every layer full attention
+    windows: tuple[int | None, ...] | None = None
+
+    def window(self, layer: int) -> int | None:
+        return None if self.windows is None else self.windows[layer]
 
 
 class TinyModel:
@@ -106,13 +112,16 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     past: int = 0) -> torch.Tensor:
+                     past: int = 0, window: int | None = None) -> torch.Tensor:
     """Attention of ``q`` [n, q_heads, dim] over ``k``, ``v`` [past + n, kv_heads, dim]: query
-    i sees keys 0 .. past + i (grouped-query heads expanded)."""
+    i sees keys 0 .. past + i, or with a ``window`` the last ``window`` of them (grouped-query
+    heads expanded)."""
     group = q.shape[1] // k.shape[1]
     keys = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, t, dim]
     values = v.repeat_interleave(group, dim=1).transpose(0, 1)
     visible = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device).tril(past)
+    if window is not None:
+        visible = visible.triu(past - window + 1)
     out = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1), keys, values, attn_mask=visible, scale=scale)
     return out.transpose(0, 1)
@@ -140,7 +149,8 @@ def generate_contiguous(model: TinyModel, prompt: list[int], max_new_tokens: int
             keys[layer] = torch.cat([keys[layer], k])
             values[layer] = torch.cat([values[layer], v])
             x = model.finish_layer(layer, x, causal_attention(q, keys[layer], values[layer],
-                                                               model.scale, past))
+                                                               model.scale, past,
+                                                               c.window(layer)))
         logits = model.logits(x[-1:])[0]
         choice = int(logits.argmax())
         if first_token is not None and not all_logits:
