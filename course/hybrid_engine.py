@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from course.hybrid_manager import HybridBlockManager
+from course.hybrid_prefix import HybridPrefixCache
 from course.tiny_model import TinyModel
 from kernels.paged_attention_ref import paged_decode_attention, write_kv
 from kernels.sliding_window_attention import sliding_window_reference
@@ -67,10 +68,12 @@ class HybridRequest:
 class HybridEngine:
     """Serves ``model`` (its ``config.windows`` name each layer's window) from a pool of
     ``num_blocks`` blocks of ``block_size`` tokens; ``attend`` computes a layer's paged decode
-    attention (``attend_in_pytorch``, or Triton kernels with the same arguments)."""
+    attention (``attend_in_pytorch``, or Triton kernels with the same arguments). With
+    ``prefix_caching``, a request starts from the longest prefix every group has cached
+    (``HybridPrefixCache``), and its tokens there are not computed again."""
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
-                 attend: Attend = attend_in_pytorch) -> None:
+                 attend: Attend = attend_in_pytorch, prefix_caching: bool = False) -> None:
         c = model.config
         windows = [c.window(layer) for layer in range(c.num_layers)]
         kinds = list(dict.fromkeys(windows))  # each window once, in the order layers have it
@@ -80,7 +83,8 @@ class HybridEngine:
         self.place = {layer: (group, index) for group, layers in enumerate(self.group_layers)
                       for index, layer in enumerate(layers)}
         self.model, self.block_size, self.attend = model, block_size, attend
-        self.manager = HybridBlockManager(num_blocks, block_size, kinds)
+        manager = HybridPrefixCache if prefix_caching else HybridBlockManager
+        self.manager = manager(num_blocks, block_size, kinds)
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
         device = model.embedding.device
         # NaN until written: a read of a slot no step wrote poisons the output at once
@@ -89,6 +93,7 @@ class HybridEngine:
         self.waiting: deque[HybridRequest] = deque()
         self.running: list[HybridRequest] = []
         self.preemptions = 0
+        self.hit_tokens = 0  # tokens prefix hits spared computing
 
     def add(self, request: HybridRequest) -> None:
         self.waiting.append(request)
@@ -100,6 +105,10 @@ class HybridEngine:
         scheduled = []
         while self.running:
             request = self.running.pop(0)
+            if isinstance(self.manager, HybridPrefixCache) and \
+                    request.id not in self.manager.tables:  # starting, or again after preemption
+                request.num_computed = self.manager.allocate_prefix(request.id, request.tokens)
+                self.hit_tokens += request.num_computed
             if self.manager.allocate_slots(request.id, request.num_computed, 1):
                 scheduled.append(request)
                 continue
@@ -155,6 +164,8 @@ class HybridEngine:
             if request.num_computed == len(request.tokens):  # its last known token: sample
                 request.output.append(int(row.argmax()))
                 request.logits.append(row)
+            if isinstance(self.manager, HybridPrefixCache):
+                self.manager.cache_full_blocks(request.id, request.tokens, request.num_computed)
 
 
 def serve(engine: HybridEngine, requests: list[HybridRequest], max_steps: int = 100_000

@@ -53,17 +53,28 @@ class HybridBlockManager:
         tables = self.tables.get(request) or [[] for _ in self.windows]
         for table, window in zip(tables, self.windows, strict=True):
             if window is not None:
-                self.free_blocks.extend(free_skipped_blocks(table, num_computed, window,
-                                                            self.block_size))
+                self._give_back(free_skipped_blocks(table, num_computed, window,
+                                                    self.block_size))
         needed = self.blocks_to_allocate(request, num_computed + num_new)
-        if sum(needed) > len(self.free_blocks):
+        if sum(needed) > self.num_free():
             return False
         self.tables[request] = tables
         for table, count in zip(tables, needed, strict=True):
-            table.extend(self.free_blocks.popleft() for _ in range(count))
+            table.extend(self._take() for _ in range(count))
         return True
 
     def free(self, request: int) -> None:
         """Give back every block ``request`` holds, in every group."""
         for table in self.tables.pop(request, []):
-            self.free_blocks.extend(b for b in reversed(table) if b != NULL_BLOCK)
+            self._give_back([b for b in reversed(table) if b != NULL_BLOCK])
+
+    # the pool itself: a prefix cache (``course.hybrid_prefix``) keeps blocks here longer
+
+    def num_free(self) -> int:
+        return len(self.free_blocks)
+
+    def _take(self) -> int:
+        return self.free_blocks.popleft()
+
+    def _give_back(self, blocks: list[int]) -> None:
+        self.free_blocks.extend(blocks)

@@ -8,12 +8,15 @@ and an engine that lets sliding layers see every token is caught.
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 import torch
 
-from course.hybrid_cache import NULL_BLOCK
+from course.hybrid_cache import NULL_BLOCK, full_attention_hit
 from course.hybrid_engine import HybridEngine, HybridRequest, attend_in_pytorch, serve
+from course.hybrid_prefix import HybridPrefixCache
+from course.prefix_cache import prefix_keys
 from course.tiny_model import TinyConfig, TinyModel, generate_contiguous
 from kernels.paged_attention import paged_attention
 from kernels.sliding_window_attention import sliding_window_attention
@@ -119,3 +122,98 @@ def test_the_triton_kernels_serve_the_same_tokens():
     engine = HybridEngine(model, num_blocks=10, block_size=4, attend=_in_triton)
     served = serve(engine, _requests(seed=2, count=3))
     _assert_same(model, served)
+
+
+# --- prefix hits across groups ---------------------------------------------------------------
+
+
+def _sharing_a_prefix(seed: int, count: int) -> list[HybridRequest]:
+    """Requests that begin with one system prompt, some with a few tokens of their own."""
+    rng = random.Random(seed)
+    system = [rng.randrange(128) for _ in range(rng.randint(6, 14))]
+    return [HybridRequest(i, system + [rng.randrange(128) for _ in range(rng.randint(0, 5))],
+                          rng.randint(1, 8)) for i in range(count)]
+
+
+def _check_pool(manager: HybridPrefixCache) -> None:
+    """A block is free exactly when no table holds it, as often as tables hold it; a cached
+    block has one key of one group, and is found under it."""
+    held = Counter(b for tables in manager.tables.values() for t in tables for b in t
+                   if b != NULL_BLOCK)
+    for block in range(1, len(manager.references)):
+        assert manager.references[block] == held[block], (block, manager.tables)
+        assert (block in manager.free_blocks) == (held[block] == 0), block
+    assert all(manager.cached[key] == block for block, key in manager.key_of.items())
+    assert len(manager.cached) == len(manager.key_of)
+
+
+@pytest.mark.parametrize(("windows", "block_size", "num_blocks"), [
+    ((3, None, 3, None), 2, 64),
+    ((6, None, 6, None), 4, 40),
+    ((None, 5, None, 5), 1, 120),
+    ((3, None, 3, None), 2, 24),
+], ids=["window 3", "window 6", "blocks of 1", "small pool"])
+def test_prefix_hits_across_groups_serve_the_same_tokens(windows, block_size, num_blocks):
+    model = TinyModel(TinyConfig(num_layers=len(windows), windows=windows), seed=9)
+    engine = HybridEngine(model, num_blocks, block_size, prefix_caching=True)
+    requests = _sharing_a_prefix(seed=num_blocks, count=6)
+    for request in requests:  # one after another: each finds the prefix the others left
+        engine.add(request)
+        while not request.done:
+            engine.step()
+            _check_pool(engine.manager)
+    assert engine.hit_tokens >= (len(requests) - 1) * block_size
+    _assert_same(model, requests)
+    assert engine.manager.tables == {} and engine.manager.num_free() == num_blocks - 1
+
+
+def test_prefix_hits_and_preemption_together_serve_the_same_tokens():
+    model = TinyModel(TinyConfig(num_layers=4, windows=(3, None, 3, None)), seed=10)
+    engine = HybridEngine(model, num_blocks=20, block_size=2, prefix_caching=True)
+    requests = _sharing_a_prefix(seed=3, count=6)
+    for request in requests:
+        engine.add(request)
+    while not all(r.done for r in requests):
+        engine.step()
+        _check_pool(engine.manager)
+    assert engine.preemptions > 0 and engine.hit_tokens > 0
+    _assert_same(model, requests)
+
+
+def test_without_the_prefix_cache_nothing_is_a_hit():
+    model = TinyModel(TinyConfig(num_layers=2, windows=(3, None)), seed=9)
+    engine = HybridEngine(model, 64, 2)
+    serve(engine, _sharing_a_prefix(seed=5, count=4))
+    assert engine.hit_tokens == 0
+
+
+@pytest.mark.parametrize("num_blocks", [12, 14, 20])
+def test_a_sliding_groups_evicted_blocks_shorten_the_hit(num_blocks):
+    """A long prompt leaves its blocks cached; its sliding group's blocks were freed first (as
+    the window left them), so another request's blocks evict them first. A request with the
+    same prompt then hits only as far as both groups accept: the longest length whose window
+    (the token before it, with a window of 2) and whose whole prefix are cached, tried one
+    length at a time; in the smallest pool, shorter than the full group's hit alone."""
+    model = TinyModel(TinyConfig(num_layers=2, windows=(2, None)), seed=9)
+    engine = HybridEngine(model, num_blocks, 2, prefix_caching=True)
+    prompt = list(range(40, 52))
+    first, other, again = (HybridRequest(0, prompt, 1), HybridRequest(1, list(range(60, 66)), 1),
+                           HybridRequest(2, [*prompt, 7], 2))
+    for request in (first, other):
+        engine.add(request)
+        while not request.done:
+            engine.step()
+    keys = prefix_keys(again.tokens, 2)
+    sliding, full = ({i for i, key in enumerate(keys) if (group, key) in engine.manager.cached}
+                     for group in (0, 1))
+    longest = max(length for length in range(0, len(prompt) + 1, 2)
+                  if all(i in full for i in range(length // 2))
+                  and all(i in sliding for i in range(max(0, length - 1) // 2, length // 2)))
+    engine.add(again)
+    engine.step()
+    assert engine.hit_tokens == longest
+    if num_blocks == 12:
+        assert longest < full_attention_hit(full, len(prompt), 2)
+    while not again.done:
+        engine.step()
+    _assert_same(model, [first, other, again])
