@@ -1,0 +1,96 @@
+"""What a sliding window costs prefix caching: chapter 4's workloads served by a hybrid model's
+cache, against the same model with every layer full attention.
+
+A sliding-window group gives its blocks back as the window leaves them, so they reach the
+free queue long before the request ends, and a pool under pressure evicts them first. A later
+request that shares the prefix then finds its full-attention blocks cached but not the
+window's last blocks before the hit point: the hit every group accepts is shorter. With room
+to spare, nothing is evicted and the two caches hit alike; the hybrid cache holds fewer
+blocks all along.
+
+No model runs here: a request's prompt is computed in one step, then one token per step, and
+only the blocks are followed (``HybridPrefixCache``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from course.hybrid_prefix import HybridPrefixCache
+from course.prefix_sim import PrefixRequest
+
+
+@dataclass(frozen=True)
+class HybridCacheReport:
+    prompt_tokens: int  # of every request, when it first starts
+    hit_tokens: int  # of those, the ones its prefix hit spared
+    mean_blocks_held: float  # blocks requests hold, per step (the null block not counted)
+    preemptions: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens
+
+
+def serve_hybrid(requests: list[PrefixRequest], windows: Sequence[int | None], block_size: int,
+                 num_blocks: int, max_running: int = 16) -> HybridCacheReport:
+    """Run ``requests`` in order, at most ``max_running`` at a time: each starts from its
+    prefix hit and computes the rest of its prompt in one step, then one output token per
+    step; a request waits for the one it follows and for room in the pool (first come, first
+    served); where a step finds no room, its newest request is preempted (freed, to start
+    again from its hit)."""
+    manager = HybridPrefixCache(num_blocks, block_size, windows)
+    waiting = list(range(len(requests)))
+    computed: dict[int, int] = {}  # running request -> tokens computed
+    done: set[int] = set()
+    admitted: set[int] = set()
+    prompt_tokens = hit_tokens = held = steps = preemptions = 0
+
+    def known(index: int) -> list[int]:
+        request = requests[index]
+        generated = max(0, computed.get(index, 0) - len(request.prompt) + 1)
+        return request.prompt + request.output[:generated]
+
+    while waiting or computed:
+        for index in [i for i in waiting if len(computed) < max_running]:
+            request = requests[index]
+            if request.after is not None and request.after not in done:
+                continue
+            hit = manager.allocate_prefix(index, request.prompt)
+            if not manager.allocate_slots(index, hit, len(request.prompt) - hit):
+                manager.free(index)
+                if not computed:  # the whole pool is free, and too small
+                    raise ValueError(f"request {index} ({len(request.prompt)} tokens) needs "
+                                     "more blocks than the pool holds")
+                break  # first come, first served: wait for room
+            waiting.remove(index)
+            computed[index] = len(request.prompt)
+            manager.cache_full_blocks(index, request.prompt, len(request.prompt))
+            if index not in admitted:  # a preempted request's hits on its own blocks not counted
+                admitted.add(index)
+                prompt_tokens += len(request.prompt)
+                hit_tokens += hit
+        for index in list(computed):
+            if index not in computed:  # preempted earlier in this step
+                continue
+            while not manager.allocate_slots(index, computed[index], 1):
+                newest = max(computed)
+                manager.free(newest)
+                del computed[newest]
+                waiting.insert(0, newest)
+                preemptions += 1
+                if newest == index:
+                    break
+            if index in computed:
+                computed[index] += 1
+                manager.cache_full_blocks(index, known(index), computed[index])
+        steps += 1
+        held += sum(1 for tables in manager.tables.values() for table in tables
+                    for block in table if block)
+        for index in [i for i, n in computed.items()
+                      if n >= len(requests[i].prompt) + len(requests[i].output)]:
+            manager.free(index)
+            del computed[index]
+            done.add(index)
+    return HybridCacheReport(prompt_tokens, hit_tokens, held / max(steps, 1), preemptions)

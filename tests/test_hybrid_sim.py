@@ -1,0 +1,42 @@
+"""What a sliding window costs prefix caching (``course.hybrid_sim``), on chapter 4's seeded
+workloads: with room to spare, the hybrid cache hits as the all-full one does while holding
+fewer blocks; a window longer than any request is full attention in every figure, in any
+pool; a pool smaller than one prompt is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from course.hybrid_sim import serve_hybrid
+from course.prefix_sim import chat, few_shot, multi_turn
+
+WORKLOADS = {
+    "chat": chat(24, system_prompt=120, mean_user=30, mean_output=30),
+    "few-shot": few_shot(24, mean_example=30, mean_output=20),
+    "multi-turn": multi_turn(6, turns=3, mean_message=30, mean_output=40),
+}
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_with_room_to_spare_a_window_loses_no_hit_and_holds_fewer_blocks(workload):
+    requests = WORKLOADS[workload]
+    full = serve_hybrid(requests, [None, None], 16, 4000)
+    hybrid = serve_hybrid(requests, [32, None], 16, 4000)
+    assert full.preemptions == hybrid.preemptions == 0
+    assert (hybrid.prompt_tokens, hybrid.hit_tokens) == (full.prompt_tokens, full.hit_tokens)
+    assert hybrid.hit_tokens > 0
+    assert hybrid.mean_blocks_held < full.mean_blocks_held
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+@pytest.mark.parametrize("num_blocks", [60, 90, 400])
+def test_a_window_longer_than_any_request_is_full_attention(workload, num_blocks):
+    requests = WORKLOADS[workload]
+    longest = max(len(r.prompt) + len(r.output) for r in requests)
+    assert serve_hybrid(requests, [longest + 1, None], 16, num_blocks) == \
+        serve_hybrid(requests, [None, None], 16, num_blocks)
+
+
+def test_a_pool_smaller_than_one_prompt_is_refused():
+    with pytest.raises(ValueError, match="more blocks than the pool holds"):
+        serve_hybrid(WORKLOADS["chat"], [8, None], 16, 10)
