@@ -61,13 +61,6 @@ def _message(name: str) -> str:
                        "use as the notebook says.")
 
 
-class _Tripwire:
-    """Marks a stand-in; ``original`` is what it stands for."""
-
-    name: str
-    original: Any
-
-
 def _wrap_function(original: Callable, name: str) -> Callable:
     def tripwire(*args: Any, **kwargs: Any) -> Any:
         if _STATE["in_test"] and not _called_by_the_course(sys._getframe(1)):

@@ -209,12 +209,6 @@ def _mapping_oracle(table: list[int], block_size: int, start: int, end: int) -> 
     return [block * block_size + offset for block, offset in slots[start:end]]
 
 
-def _clipped(block_table, block_size, start, end):
-    span = len(block_table) * block_size
-    return _mapping_oracle(block_table, block_size, start, end) if end > span >= start >= 0 \
-        else None
-
-
 _MAPPING_MISTAKES = [
     (lambda block_table, block_size, start, end:
         _mapping_oracle(block_table, block_size, start, end + 1)
