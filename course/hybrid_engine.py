@@ -1,6 +1,7 @@
-"""A tiny hybrid model served through one pool of blocks: sliding-window and full-attention
-layers interleaved, every group's K/V in pages of one pool, token for token equal to
-contiguous generation with the window's mask.
+"""A tiny hybrid model served through one pool of blocks, by chapter 9's kind of engine:
+sliding-window and full-attention layers interleaved, every group's K/V in pages of one pool,
+prefill in chunks under a token budget, token for token equal to contiguous generation with
+the window's mask.
 
     layers      0 sliding  1 full  2 sliding  3 full        (TinyConfig.windows)
     groups      sliding: layers 0, 2     full: layers 1, 3   (one block table each)
@@ -12,13 +13,14 @@ A block belongs to one group's table at a time, so the layers sharing a place ne
 the same block: the pool costs a group's layers, not all of them (vLLM's hybrid KV cache
 manager shares its tensors across groups the same way).
 
-Each step gives every running request room for one more token in every group
-(``HybridBlockManager.allocate_slots``, which first frees the blocks the windows left
-behind), preempting the newest request where the pool runs short (its blocks freed, its
-tokens computed again later; a request the whole pool cannot hold is refused with
-``ValueError``), then runs each request's next token through the model: a
-prompt token, or the token it generated last. A sliding-window layer attends over its window
-alone; no step reads a block its table has given back.
+Each step gives the running requests, oldest first, room in every group for their next
+tokens (``HybridBlockManager.allocate_slots``, which first frees the blocks the windows left
+behind): as many of the tokens each knows as the step's token budget has left, a prompt's
+chunk or one decode. Where the pool runs short, the newest request is preempted (its blocks
+freed, its tokens computed again later; a request the whole pool cannot hold is refused with
+``ValueError``). The step's tokens run through the model packed, one variable-length batch
+(chapter 9's attention metadata, a block table per group); a sliding-window layer's queries
+see their windows alone, and no step reads a block its table has given back.
 """
 
 from __future__ import annotations
@@ -32,19 +34,23 @@ import torch
 from course.hybrid_manager import HybridBlockManager
 from course.hybrid_prefix import HybridPrefixCache
 from course.tiny_model import TinyModel
-from kernels.paged_attention_ref import paged_decode_attention, write_kv
-from kernels.sliding_window_attention import sliding_window_reference
+from kernels.paged_attention_ref import write_kv
+from kernels.sliding_window_varlen import window_varlen_reference
+from kernels.varlen_attention_ref import varlen_paged_attention
 
-# (query, k_cache, v_cache, block_tables, seq_lens, window or None, scale) -> output
+# (query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, window or None, scale)
 Attend = Callable[..., torch.Tensor]
 
 
-def attend_in_pytorch(query, k_cache, v_cache, block_tables, seq_lens, window, scale):
-    """Paged decode attention: chapter 6's over every token, or over the window alone."""
+def attend_in_pytorch(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, window,
+                      scale):
+    """Variable-length paged attention: chapter 9's over every earlier token, or over the
+    window alone."""
     if window is None:
-        return paged_decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
-    return sliding_window_reference(query, k_cache, v_cache, block_tables, seq_lens, window,
-                                    scale)
+        return varlen_paged_attention(query, k_cache, v_cache, query_start_loc, seq_lens,
+                                      block_tables, scale)
+    return window_varlen_reference(query, k_cache, v_cache, query_start_loc, seq_lens,
+                                   block_tables, window, scale)
 
 
 @dataclass
@@ -67,13 +73,15 @@ class HybridRequest:
 
 class HybridEngine:
     """Serves ``model`` (its ``config.windows`` name each layer's window) from a pool of
-    ``num_blocks`` blocks of ``block_size`` tokens; ``attend`` computes a layer's paged decode
-    attention (``attend_in_pytorch``, or Triton kernels with the same arguments). With
+    ``num_blocks`` blocks of ``block_size`` tokens, at most ``max_num_batched_tokens`` tokens a
+    step; ``attend`` computes a layer's variable-length paged attention
+    (``attend_in_pytorch``, or Triton kernels with the same arguments). With
     ``prefix_caching``, a request starts from the longest prefix every group has cached
     (``HybridPrefixCache``), and its tokens there are not computed again."""
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
-                 attend: Attend = attend_in_pytorch, prefix_caching: bool = False) -> None:
+                 attend: Attend = attend_in_pytorch, prefix_caching: bool = False,
+                 max_num_batched_tokens: int = 64) -> None:
         c = model.config
         windows = [c.window(layer) for layer in range(c.num_layers)]
         kinds = list(dict.fromkeys(windows))  # each window once, in the order layers have it
@@ -83,6 +91,7 @@ class HybridEngine:
         self.place = {layer: (group, index) for group, layers in enumerate(self.group_layers)
                       for index, layer in enumerate(layers)}
         self.model, self.block_size, self.attend = model, block_size, attend
+        self.max_num_batched_tokens = max_num_batched_tokens
         manager = HybridPrefixCache if prefix_caching else HybridBlockManager
         self.manager = manager(num_blocks, block_size, kinds)
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
@@ -99,28 +108,32 @@ class HybridEngine:
         self.waiting.append(request)
 
     def step(self) -> list[HybridRequest]:
-        """One token of every request that gets room; returns the requests it finished."""
+        """The next tokens of the requests the budget and the pool have room for; returns the
+        requests it finished."""
         self.running += self.waiting
         self.waiting.clear()
-        scheduled = []
-        while self.running:
+        scheduled: list[tuple[HybridRequest, int]] = []  # (request, its new tokens)
+        budget = self.max_num_batched_tokens
+        while self.running and budget:
             request = self.running.pop(0)
             if isinstance(self.manager, HybridPrefixCache) and \
                     request.id not in self.manager.tables:  # starting, or again after preemption
                 request.num_computed = self.manager.allocate_prefix(request.id, request.tokens)
                 self.hit_tokens += request.num_computed
-            if self.manager.allocate_slots(request.id, request.num_computed, 1):
-                scheduled.append(request)
+            num_new = min(len(request.tokens) - request.num_computed, budget)
+            if self.manager.allocate_slots(request.id, request.num_computed, num_new):
+                scheduled.append((request, num_new))
+                budget -= num_new
                 continue
             if not scheduled and not self.running:  # the pool is all its own, and too small
                 raise ValueError(f"request {request.id} needs more blocks than the pool holds "
                                  f"({len(request.tokens)} tokens)")
             self.running.insert(0, request)
             self._preempt(self.running.pop())  # the newest request
-        self.running = scheduled
+        self.running = [r for r, _ in scheduled] + self.running  # the budget's leftovers last
         if scheduled:
             self._run(scheduled)
-        finished = [r for r in scheduled if r.done]
+        finished = [r for r, _ in scheduled if r.done]
         for request in finished:
             self.manager.free(request.id)
             self.running.remove(request)
@@ -133,35 +146,39 @@ class HybridEngine:
         self.waiting.appendleft(request)
         self.preemptions += 1
 
-    def _run(self, requests: list[HybridRequest]) -> None:
+    def _run(self, scheduled: list[tuple[HybridRequest, int]]) -> None:
         model, size = self.model, self.block_size
-        positions = torch.tensor([r.num_computed for r in requests])
-        tokens = torch.tensor([r.tokens[r.num_computed] for r in requests])
         device = model.embedding.device
-        positions, tokens = positions.to(device), tokens.to(device)
-        seq_lens = (positions + 1).to(torch.int32)
+        positions = [p for r, n in scheduled for p in range(r.num_computed, r.num_computed + n)]
+        tokens = [r.tokens[p] for r, n in scheduled
+                  for p in range(r.num_computed, r.num_computed + n)]
+        ends = torch.tensor([n for _, n in scheduled]).cumsum(0)
+        query_start_loc = torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32)
+        seq_lens = torch.tensor([r.num_computed + n for r, n in scheduled], dtype=torch.int32)
         tables, slots = [], []
         for group in range(len(self.group_layers)):
-            rows = [self.manager.tables[r.id][group] for r in requests]
+            rows = [self.manager.tables[r.id][group] for r, _ in scheduled]
             width = max(len(row) for row in rows)
             tables.append(torch.tensor([row + [0] * (width - len(row)) for row in rows],
                                        dtype=torch.int32, device=device))
-            slots.append(torch.tensor([row[r.num_computed // size] * size
-                                       + r.num_computed % size
-                                       for row, r in zip(rows, requests, strict=True)],
+            slots.append(torch.tensor([row[p // size] * size + p % size
+                                       for row, (r, n) in zip(rows, scheduled, strict=True)
+                                       for p in range(r.num_computed, r.num_computed + n)],
                                       device=device))
-        x = model.embed(tokens)
+        query_start_loc, seq_lens = query_start_loc.to(device), seq_lens.to(device)
+        positions_t = torch.tensor(positions, device=device)
+        x = model.embed(torch.tensor(tokens, device=device))
         for layer in range(model.config.num_layers):
             group, place = self.place[layer]
-            q, k, v = model.qkv(layer, x, positions)
+            q, k, v = model.qkv(layer, x, positions_t)
             write_kv(self.k[place], self.v[place], k, v, slots[group])
-            out = self.attend(q, self.k[place], self.v[place], tables[group], seq_lens,
-                              model.config.window(layer), model.scale)
+            out = self.attend(q, self.k[place], self.v[place], query_start_loc, seq_lens,
+                              tables[group], model.config.window(layer), model.scale)
             x = model.finish_layer(layer, x, out)
-        logits = model.logits(x)
-        for request, row in zip(requests, logits, strict=True):
-            request.num_computed += 1
-            if request.num_computed == len(request.tokens):  # its last known token: sample
+        logits = model.logits(x[ends - 1])  # each request's last token this step
+        for (request, num_new), row in zip(scheduled, logits, strict=True):
+            request.num_computed += num_new
+            if request.num_computed == len(request.tokens):  # all it knows computed: sample
                 request.output.append(int(row.argmax()))
                 request.logits.append(row)
             if isinstance(self.manager, HybridPrefixCache):

@@ -74,13 +74,15 @@ VARLEN = ("out_ptr:data", "query_ptr:data", "k_cache_ptr:data", "v_cache_ptr:dat
           "stride_table_seq:i32", "GROUP:constexpr", "GROUP_PAD:constexpr",
           "BLOCK_SIZE:constexpr", "BLOCK_PAD:constexpr", "HEAD_DIM:constexpr",
           "HEAD_PAD:constexpr")
-# Sliding-window decode (``kernels.sliding_window_attention``): the decode contract with the
-# window after the scale.
+# Sliding-window decode and variable-length attention (``kernels.sliding_window_attention``,
+# ``kernels.sliding_window_varlen``): the decode and varlen contracts with the window after the
+# scale.
 WINDOW = (*DECODE[:7], "window:i32", *DECODE[7:])
+WINDOW_VARLEN = (*VARLEN[:9], "window:i32", *VARLEN[9:])
 
 
 def _contract(names: list[str]) -> tuple[str, ...]:
-    for named in (VARLEN, WINDOW):
+    for named in (VARLEN, WINDOW, WINDOW_VARLEN):
         if list(names) == [role.split(":")[0] for role in named]:
             return named
     if len(names) not in CONTRACTS:
@@ -100,7 +102,7 @@ def constants_for(names: list[str], block_size: int = 16, head_dim: int = 128,
               "BLOCK_SIZE": block_size, "BLOCK_PAD": head_pad(block_size),
               "HEAD_DIM": head_dim, "HEAD_PAD": head_pad(head_dim),
               "SPLITS_PAD": 1 << (splits - 1).bit_length()}
-    if _contract(names) is VARLEN:  # its launcher pads the group to 16 rows, as tl.dot's M
+    if _contract(names) in (VARLEN, WINDOW_VARLEN):  # launch_varlen pads the group to 16 rows
         values["GROUP_PAD"] = head_pad(group)
     return {name: values[role.split(":")[0]] for name, role in zip(names, _contract(names),
                                                                      strict=True)
@@ -453,11 +455,13 @@ def configurations(quick: bool = False):
         names = [p.name for p in varlen_attention_kernel.params]
         yield varlen_attention_kernel, dtype, constants_for(names, block_size, head_dim, group)
     from kernels.sliding_window_attention import sliding_window_kernel
+    from kernels.sliding_window_varlen import window_varlen_kernel
 
     windowed = ((64, 16, 8),) if quick else itertools.product((64, 128, 256), (16, 32), (1, 8))
-    for (head_dim, block_size, group), dtype in itertools.product(windowed, DTYPES):
-        names = [p.name for p in sliding_window_kernel.params]
-        yield sliding_window_kernel, dtype, constants_for(names, block_size, head_dim, group)
+    for (head_dim, block_size, group), dtype, kernel in itertools.product(
+            windowed, DTYPES, (sliding_window_kernel, window_varlen_kernel)):
+        names = [p.name for p in kernel.params]
+        yield kernel, dtype, constants_for(names, block_size, head_dim, group)
     merges = ((128, 16),) if quick else itertools.product((64, 80, 128, 256), (2, 16, 64))
     for (head_dim, splits), dtype in itertools.product(merges, DTYPES):
         names = [p.name for p in merge_splits_kernel.params]

@@ -99,11 +99,12 @@ def _pad(size: int) -> int:
 
 def launch_varlen(kernel, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                  block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+                  block_tables: torch.Tensor, scale: float, *after_scale: int) -> torch.Tensor:
     """Run a chapter-9 kernel on a grid of (num_tokens, num_kv_heads) programs and return its
     output. The arguments are the kernel's signature: pointers (``token_seqs``, each query
-    token's request, computed here), the scale, the strides in elements, then GROUP,
-    GROUP_PAD, BLOCK_SIZE, BLOCK_PAD, HEAD_DIM and HEAD_PAD."""
+    token's request, computed here), the scale (then ``after_scale``: a sliding window's
+    size), the strides in elements, then GROUP, GROUP_PAD, BLOCK_SIZE, BLOCK_PAD, HEAD_DIM and
+    HEAD_PAD."""
     query = query.contiguous()
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or block_tables.stride(1) != 1:
         raise ValueError("the kernel reads head_dim in the caches and a block table's entries "
@@ -121,7 +122,7 @@ def launch_varlen(kernel, query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     run_on_grid(
         kernel, (num_tokens, num_kv_heads),
         out, query, k_cache, v_cache, query_start_loc.to(torch.int32),
-        seq_lens.to(torch.int32), block_tables, token_seqs, scale,
+        seq_lens.to(torch.int32), block_tables, token_seqs, scale, *after_scale,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),

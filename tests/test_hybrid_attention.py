@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from course.hybrid_cache import NULL_BLOCK, free_skipped_blocks
+from course.tiny_model import causal_attention
 from kernels.sliding_window_attention import (
     sliding_window_attention,
     sliding_window_reference,
 )
+from kernels.sliding_window_varlen import window_varlen_attention, window_varlen_reference
 
 
 def _windowed(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
@@ -37,10 +39,12 @@ def _windowed(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
 
 
 def _paged(lengths: list[int], window: int, block_size: int, kv_heads: int, q_heads: int,
-           head_dim: int, seed: int, device: str = "cpu", dtype=torch.float32):
+           head_dim: int, seed: int, device: str = "cpu", dtype=torch.float32,
+           computed: list[int] | None = None):
     """A pool holding each sequence's keys and values in shuffled blocks, its table's slots
-    before the window given back to the pool as the null block (``free_skipped_blocks``, as
-    the step before this one left them), and the null block filled with NaN."""
+    before the window given back to the pool as the null block (``free_skipped_blocks`` with
+    the tokens ``computed`` before this step: all but the last, for a decode), and the null
+    block filled with NaN."""
     generator = torch.Generator().manual_seed(seed)
     blocks_each = [-(-n // block_size) for n in lengths]
     num_blocks = 1 + sum(blocks_each)
@@ -50,11 +54,12 @@ def _paged(lengths: list[int], window: int, block_size: int, kv_heads: int, q_he
     ids = (torch.randperm(num_blocks - 1, generator=generator) + 1).tolist()
     width = max(1, *blocks_each)
     tables, keys, values = [], [], []
-    for n, count in zip(lengths, blocks_each, strict=True):
+    before = computed or [max(0, n - 1) for n in lengths]
+    for n, count, done in zip(lengths, blocks_each, before, strict=True):
         table, ids = ids[:count], ids[count:]
         keys.append(k_cache[table].reshape(-1, kv_heads, head_dim)[:n].clone())
         values.append(v_cache[table].reshape(-1, kv_heads, head_dim)[:n].clone())
-        free_skipped_blocks(table, max(0, n - 1), window, block_size)
+        free_skipped_blocks(table, done, window, block_size)
         tables.append(table + [NULL_BLOCK] * (width - count))
     query = torch.randn(len(lengths), q_heads, head_dim, generator=generator)
     cast = {"device": device, "dtype": dtype}
@@ -125,3 +130,58 @@ def test_sliding_window_attention_at_production_shapes_on_a_gpu():
     expected = _windowed(query.cpu(), [k.cpu() for k in keys], [v.cpu() for v in values], 128,
                          scale)
     torch.testing.assert_close(out.float().cpu(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+# --- chunks of several queries (chapter 9's variable-length batches) --------------------------
+
+
+def _packed(chunks: list[tuple[int, int]], window: int, block_size: int, kv_heads: int,
+            q_heads: int, head_dim: int, seed: int):
+    """Requests of (context after the step, new tokens): their keys and values in shuffled
+    blocks, the blocks the chunk's first query no longer sees given back as the null block
+    (NaN), and the new tokens' queries packed."""
+    generator = torch.Generator().manual_seed(seed)
+    query, k_cache, v_cache, tables, seq_lens, keys, values = _paged(
+        [length for length, _ in chunks], window, block_size, kv_heads, q_heads, head_dim, seed,
+        computed=[length - new for length, new in chunks])
+    queries = torch.randn(sum(new for _, new in chunks), q_heads, head_dim, generator=generator)
+    starts = torch.tensor([0] + [new for _, new in chunks]).cumsum(0).to(torch.int32)
+    return queries, k_cache, v_cache, starts, seq_lens, tables, keys, values
+
+
+@pytest.mark.parametrize(("chunks", "window", "block_size"), [
+    ([(9, 4), (1, 1), (23, 23), (16, 1)], 3, 4),
+    ([(12, 5), (7, 7), (30, 2)], 8, 2),
+    ([(5, 5), (40, 9)], 1, 8),
+], ids=["window 3", "window 8, blocks of 2", "window 1"])
+def test_a_chunks_queries_each_see_their_own_window(chunks, window, block_size):
+    """Against chapter 8's contiguous attention with the window's mask, query by query."""
+    query, k_cache, v_cache, starts, seq_lens, tables, keys, values = _packed(
+        chunks, window, block_size, 2, 6, 16, seed=window)
+    scale = 0.25
+    expected = torch.cat([
+        causal_attention(query[int(starts[r]):int(starts[r + 1])], keys[r], values[r], scale,
+                         past=length - new, window=window)
+        for r, (length, new) in enumerate(chunks)])
+    for attend in (window_varlen_reference, window_varlen_attention):
+        out = attend(query, k_cache, v_cache, starts, seq_lens, tables, window, scale)
+        assert not out.isnan().any(), f"{attend.__name__} read the null block"
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU (the interpreter runs the small chunks above)")
+def test_chunks_over_a_window_at_production_shapes_on_a_gpu():
+    """gpt-oss's sliding layers (64 query heads on 8 KV heads of 64, a window of 128, blocks of
+    16) over prefill chunks of up to 512 tokens and decodes, in fp16."""
+    chunks = [(600, 512), (129, 1), (4096, 1), (300, 300), (2000, 77)]
+    query, k_cache, v_cache, starts, seq_lens, tables, keys, values = _packed(
+        chunks, 128, 16, 8, 64, 64, seed=4)
+    expected = torch.cat([
+        causal_attention(query[int(starts[r]):int(starts[r + 1])], keys[r], values[r], 0.125,
+                         past=length - new, window=128)
+        for r, (length, new) in enumerate(chunks)])
+    cuda = [t.to("cuda", torch.float16) if t.is_floating_point() else t.to("cuda")
+            for t in (query, k_cache, v_cache, starts, seq_lens, tables)]
+    out = window_varlen_attention(*cuda[:6], 128, 0.125)
+    torch.testing.assert_close(out.float().cpu(), expected, atol=2e-2, rtol=2e-2)

@@ -18,8 +18,8 @@ from course.hybrid_engine import HybridEngine, HybridRequest, attend_in_pytorch,
 from course.hybrid_prefix import HybridPrefixCache
 from course.prefix_cache import prefix_keys
 from course.tiny_model import TinyConfig, TinyModel, generate_contiguous
-from kernels.paged_attention import paged_attention
-from kernels.sliding_window_attention import sliding_window_attention
+from kernels.sliding_window_varlen import window_varlen_attention
+from kernels.varlen_attention import varlen_attention
 
 
 def _requests(seed: int, count: int) -> list[HybridRequest]:
@@ -40,23 +40,23 @@ def _assert_same(model: TinyModel, served: list[HybridRequest]) -> None:
 
 
 SCENARIOS = [
-    # (windows per layer, block size, blocks in the pool)
-    ((3, None, 3, None), 4, 64),
-    ((3, None, 3, None), 1, 200),
-    ((5, None, 5, None), 2, 20),
-    ((1, None, 1, None), 4, 10),
-    ((None, 2, None, 2), 2, 64),
-    ((4, 4), 4, 8),
+    # (windows per layer, block size, blocks in the pool, tokens per step)
+    ((3, None, 3, None), 4, 64, 64),
+    ((3, None, 3, None), 1, 200, 7),
+    ((5, None, 5, None), 2, 20, 5),
+    ((1, None, 1, None), 4, 10, 3),
+    ((None, 2, None, 2), 2, 64, 1),
+    ((4, 4), 4, 8, 16),
 ]
 
 
-@pytest.mark.parametrize(("windows", "block_size", "num_blocks"), SCENARIOS,
-                         ids=["window 3", "blocks of 1", "small pool", "window 1",
-                              "full first", "sliding only, tight"])
+@pytest.mark.parametrize(("windows", "block_size", "num_blocks", "budget"), SCENARIOS,
+                         ids=["window 3", "blocks of 1, chunks", "small pool", "window 1",
+                              "full first, a token a step", "sliding only, tight"])
 def test_a_hybrid_model_serves_what_contiguous_generation_gives(windows, block_size,
-                                                                num_blocks):
+                                                                num_blocks, budget):
     model = TinyModel(TinyConfig(num_layers=len(windows), windows=windows), seed=4)
-    engine = HybridEngine(model, num_blocks, block_size)
+    engine = HybridEngine(model, num_blocks, block_size, max_num_batched_tokens=budget)
     served = serve(engine, _requests(seed=num_blocks, count=5))
     _assert_same(model, served)
     assert engine.manager.tables == {}
@@ -71,9 +71,13 @@ def test_a_pool_too_small_for_every_request_preempts_and_still_gives_the_same_to
     _assert_same(model, served)
 
 
-def test_a_sliding_group_holds_no_more_blocks_than_its_window_spans():
+@pytest.mark.parametrize("budget", [1, 3, 8])
+def test_a_sliding_group_holds_no_more_blocks_than_its_window_and_a_step_span(budget):
+    """At most cdiv(window - 1 + tokens per step, block_size) + 1 blocks, the bound vLLM sizes
+    a sliding-window layer's memory by (``SlidingWindowSpec.max_memory_usage_bytes``); the
+    full group holds every block."""
     model = TinyModel(TinyConfig(num_layers=2, windows=(4, None)), seed=6)
-    engine = HybridEngine(model, num_blocks=64, block_size=2)
+    engine = HybridEngine(model, num_blocks=64, block_size=2, max_num_batched_tokens=budget)
     request = HybridRequest(0, list(range(20)), 10)
     engine.add(request)
     while not request.done:
@@ -82,13 +86,15 @@ def test_a_sliding_group_holds_no_more_blocks_than_its_window_spans():
             break
         sliding, full = engine.manager.tables[0]
         held = [b for b in sliding if b != NULL_BLOCK]
-        assert len(held) <= -(-4 // 2) + 1, sliding  # the window's blocks, one partly
+        assert len(held) <= -(-(4 - 1 + budget) // 2) + 1, sliding
         assert NULL_BLOCK not in full and len(full) == len(sliding)
 
 
 def test_the_comparison_catches_sliding_layers_that_see_every_token():
-    def every_token(query, k_cache, v_cache, block_tables, seq_lens, window, scale):
-        return attend_in_pytorch(query, k_cache, v_cache, block_tables, seq_lens, None, scale)
+    def every_token(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, window,
+                    scale):
+        return attend_in_pytorch(query, k_cache, v_cache, query_start_loc, seq_lens,
+                                 block_tables, None, scale)
 
     model = TinyModel(TinyConfig(num_layers=4, windows=(3, None, 3, None)), seed=4)
     engine = HybridEngine(model, num_blocks=64, block_size=4, attend=every_token)
@@ -110,11 +116,13 @@ def test_groups_of_different_sizes_are_refused():
         HybridEngine(TinyModel(TinyConfig(num_layers=3, windows=(3, None, None))), 8, 4)
 
 
-def _in_triton(query, k_cache, v_cache, block_tables, seq_lens, window, scale):
+def _in_triton(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, window,
+               scale):
     if window is None:
-        return paged_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
-    return sliding_window_attention(query, k_cache, v_cache, block_tables, seq_lens, window,
-                                    scale)
+        return varlen_attention(query, k_cache, v_cache, query_start_loc, seq_lens,
+                                block_tables, scale)
+    return window_varlen_attention(query, k_cache, v_cache, query_start_loc, seq_lens,
+                                   block_tables, window, scale)
 
 
 def test_the_triton_kernels_serve_the_same_tokens():
@@ -189,13 +197,14 @@ def test_without_the_prefix_cache_nothing_is_a_hit():
 
 @pytest.mark.parametrize("num_blocks", [12, 14, 20])
 def test_a_sliding_groups_evicted_blocks_shorten_the_hit(num_blocks):
-    """A long prompt leaves its blocks cached; its sliding group's blocks were freed first (as
-    the window left them), so another request's blocks evict them first. A request with the
-    same prompt then hits only as far as both groups accept: the longest length whose window
-    (the token before it, with a window of 2) and whose whole prefix are cached, tried one
-    length at a time; in the smallest pool, shorter than the full group's hit alone."""
+    """A long prompt, computed a token a step, leaves its blocks cached; its sliding group's
+    blocks were freed first (as the window left them), so another request's blocks evict them
+    first. A request with the same prompt then hits only as far as both groups accept: the
+    longest length whose window (the token before it, with a window of 2) and whose whole
+    prefix are cached, tried one length at a time; in the smallest pool, shorter than the full
+    group's hit alone."""
     model = TinyModel(TinyConfig(num_layers=2, windows=(2, None)), seed=9)
-    engine = HybridEngine(model, num_blocks, 2, prefix_caching=True)
+    engine = HybridEngine(model, num_blocks, 2, prefix_caching=True, max_num_batched_tokens=1)
     prompt = list(range(40, 52))
     first, other, again = (HybridRequest(0, prompt, 1), HybridRequest(1, list(range(60, 66)), 1),
                            HybridRequest(2, [*prompt, 7], 2))
