@@ -84,3 +84,29 @@ def page_bytes(model: HybridModel, block_size: int, bytes_per_element: float = 2
     attention = next(g for g in model.groups if g.kind != STATE)
     tokens = attention_block_size(model, block_size, bytes_per_element)
     return int(2 * attention.num_kv_heads * attention.head_dim * bytes_per_element * tokens)
+
+
+def fit_table(models: list[HybridModel], pool_bytes: float, lengths: list[int],
+              bytes_per_element: float = 2) -> list[tuple[str, int, int, int]]:
+    """(model, tokens per request, requests that fit, requests that fit were every layer full
+    attention) for each model and length, in a pool of ``pool_bytes`` bytes of cache."""
+    return [(model.name, length, requests_that_fit(model, pool_bytes, length, bytes_per_element),
+             requests_that_fit(model.all_full_attention(), pool_bytes, length,
+                               bytes_per_element))
+            for model in models for length in lengths]
+
+
+def main(pool_gib: float = 40, lengths: tuple[int, ...] = (8192, 32768, 131072)) -> None:
+    """Print ``fit_table`` for the published hybrid models in a ``pool_gib`` GiB pool (bf16)."""
+    from course.hybrid_models import HYBRID_MODELS
+
+    print(f"requests that fit in {pool_gib:g} GiB of KV cache (bf16): "
+          f"`python -m course.hybrid_sizing`")
+    print(f"{'model':<22}{'tokens':>8}{'hybrid':>8}{'all full':>10}")
+    for name, length, hybrid, full in fit_table(list(HYBRID_MODELS.values()),
+                                                pool_gib * 2**30, list(lengths)):
+        print(f"{name:<22}{length:>8}{hybrid:>8}{full:>10}")
+
+
+if __name__ == "__main__":
+    main()

@@ -32,6 +32,7 @@ from course.hybrid_models import (
 )
 from course.hybrid_sizing import (
     attention_block_size,
+    fit_table,
     group_bytes_per_token,
     page_bytes,
     request_bytes,
@@ -405,3 +406,15 @@ class _CountsOnlyTheFirstGroup(HybridBlockManager):
                               "frees the null block", "counts one group's blocks"])
 def test_the_pool_comparison_catches_wrong_managers(manager_class):
     assert _manager_disagreement(manager_class) is not None
+
+
+def test_the_fit_table_is_each_model_at_each_length_hybrid_and_all_full():
+    lengths = [8192, 131072]
+    rows = fit_table(MODELS, 40 * 2**30, lengths)
+    assert [(name, length) for name, length, _, _ in rows] == \
+        [(m.name, n) for m in MODELS for n in lengths]
+    for (_, length, hybrid, full), model in zip(rows, [m for m in MODELS for _ in lengths],
+                                                strict=True):
+        assert hybrid == requests_that_fit(model, 40 * 2**30, length)
+        assert full == requests_that_fit(model.all_full_attention(), 40 * 2**30, length)
+        assert hybrid >= full
