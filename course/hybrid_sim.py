@@ -25,7 +25,7 @@ from course.prefix_sim import PrefixRequest
 class HybridCacheReport:
     prompt_tokens: int  # of every request, when it first starts
     hit_tokens: int  # of those, the ones its prefix hit spared
-    mean_blocks_held: float  # blocks requests hold, per step (the null block not counted)
+    mean_blocks_held: float  # blocks some request holds, per step (the null block aside)
     preemptions: int
 
     @property
@@ -86,11 +86,36 @@ def serve_hybrid(requests: list[PrefixRequest], windows: Sequence[int | None], b
                 computed[index] += 1
                 manager.cache_full_blocks(index, known(index), computed[index])
         steps += 1
-        held += sum(1 for tables in manager.tables.values() for table in tables
-                    for block in table if block)
+        held += num_blocks - 1 - manager.num_free()  # a block two requests share counts once
         for index in [i for i, n in computed.items()
                       if n >= len(requests[i].prompt) + len(requests[i].output)]:
             manager.free(index)
             del computed[index]
             done.add(index)
     return HybridCacheReport(prompt_tokens, hit_tokens, held / max(steps, 1), preemptions)
+
+
+def main(window: int = 128, block_size: int = 16, pools: tuple[int, ...] = (4000, 400, 200),
+         count: int = 40) -> None:
+    """Print chapter 4's workloads' hit rates and blocks held (``count`` requests each, in
+    ``count // 4`` conversations for multi-turn), a model with a sliding window of ``window``
+    tokens in half its layers against the same model all full attention, in pools of
+    ``pools`` blocks of ``block_size`` tokens."""
+    from course.prefix_sim import chat, few_shot, multi_turn
+
+    workloads = {"chat": chat(count), "few-shot": few_shot(count),
+                 "multi-turn": multi_turn(count // 4)}
+    print(f"hit rate and mean blocks held, window {window}, blocks of {block_size}: "
+          f"`python -m course.hybrid_sim`")
+    print(f"{'workload':<12}{'blocks':>8}{'full: hits':>12}{'held':>8}"
+          f"{'hybrid: hits':>14}{'held':>8}")
+    for name, requests in workloads.items():
+        for pool in pools:
+            full = serve_hybrid(requests, [None, None], block_size, pool)
+            hybrid = serve_hybrid(requests, [window, None], block_size, pool)
+            print(f"{name:<12}{pool:>8}{full.hit_rate:>12.1%}{full.mean_blocks_held:>8.0f}"
+                  f"{hybrid.hit_rate:>14.1%}{hybrid.mean_blocks_held:>8.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -38,6 +38,7 @@ from course.hybrid_sizing import (
     request_bytes,
     requests_that_fit,
 )
+from course.hybrid_sizing import main as sizing_main
 
 MODELS = list(HYBRID_MODELS.values())
 
@@ -418,3 +419,10 @@ def test_the_fit_table_is_each_model_at_each_length_hybrid_and_all_full():
         assert hybrid == requests_that_fit(model, 40 * 2**30, length)
         assert full == requests_that_fit(model.all_full_attention(), 40 * 2**30, length)
         assert hybrid >= full
+
+
+def test_the_printed_fit_table_is_fit_table(capsys):
+    sizing_main(pool_gib=40, lengths=(8192,))
+    rows = [row.split() for row in capsys.readouterr().out.splitlines()[2:]]
+    assert rows == [[name, str(length), str(hybrid), str(full)] for name, length, hybrid, full
+                    in fit_table(MODELS, 40 * 2**30, [8192])]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from course.hybrid_sim import serve_hybrid
+from course.hybrid_sim import main, serve_hybrid
 from course.prefix_sim import chat, few_shot, multi_turn
 
 WORKLOADS = {
@@ -40,3 +40,16 @@ def test_a_window_longer_than_any_request_is_full_attention(workload, num_blocks
 def test_a_pool_smaller_than_one_prompt_is_refused():
     with pytest.raises(ValueError, match="more blocks than the pool holds"):
         serve_hybrid(WORKLOADS["chat"], [8, None], 16, 10)
+
+
+def test_the_printed_table_is_what_serve_hybrid_measures(capsys):
+    main(window=32, block_size=16, pools=(300,), count=8)
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [row.split()[:2] for row in rows] == [[n, "300"] for n in
+                                                 ("chat", "few-shot", "multi-turn")]
+    chat_full = serve_hybrid(chat(8), [None, None], 16, 300)
+    chat_hybrid = serve_hybrid(chat(8), [32, None], 16, 300)
+    assert rows[0].split()[2:] == [f"{chat_full.hit_rate:.1%}",
+                                   f"{chat_full.mean_blocks_held:.0f}",
+                                   f"{chat_hybrid.hit_rate:.1%}",
+                                   f"{chat_hybrid.mean_blocks_held:.0f}"]
