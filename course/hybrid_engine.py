@@ -127,7 +127,7 @@ class HybridEngine:
                 continue
             if not scheduled and not self.running:  # the pool is all its own, and too small
                 raise ValueError(f"request {request.id} needs more blocks than the pool holds "
-                                 f"({len(request.tokens)} tokens)")
+                                 f"for its first {request.num_computed + num_new} tokens")
             self.running.insert(0, request)
             self._preempt(self.running.pop())  # the newest request
         self.running = [r for r, _ in scheduled] + self.running  # the budget's leftovers last
