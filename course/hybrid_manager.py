@@ -36,6 +36,8 @@ class HybridBlockManager:
         if num_blocks < 2 or block_size < 1 or not windows:
             raise ValueError("a pool needs the null block and one more, blocks of at least "
                              "one token, and at least one group")
+        if any(window is not None and window < 1 for window in windows):
+            raise ValueError(f"a sliding window sees at least its own token, got {windows}")
         self.block_size = block_size
         self.windows = tuple(windows)
         self.free_blocks: deque[int] = deque(range(1, num_blocks))  # block 0: the null block
@@ -50,6 +52,9 @@ class HybridBlockManager:
     def allocate_slots(self, request: int, num_computed: int, num_new: int) -> bool:
         """Room for ``num_new`` more tokens of ``request``, whose first ``num_computed``
         tokens are computed; False, and no new block taken, when the pool has too few."""
+        if num_computed < 0 or num_new < 1:
+            raise ValueError(f"request {request}: {num_computed} tokens computed and {num_new} "
+                             "new; a step computes at least one token after those computed")
         tables = self.tables.get(request) or [[] for _ in self.windows]
         for table, window in zip(tables, self.windows, strict=True):
             if window is not None:

@@ -426,3 +426,14 @@ def test_the_printed_fit_table_is_fit_table(capsys):
     rows = [row.split() for row in capsys.readouterr().out.splitlines()[2:]]
     assert rows == [[name, str(length), str(hybrid), str(full)] for name, length, hybrid, full
                     in fit_table(MODELS, 40 * 2**30, [8192])]
+
+
+@pytest.mark.parametrize(("arguments", "allocation"), [
+    ((1, 4, [None]), None), ((8, 0, [None]), None), ((8, 4, []), None),
+    ((8, 4, [0, None]), None), ((8, 4, [None]), (0, -1, 2)), ((8, 4, [3]), (0, 2, 0)),
+], ids=["no block beside the null one", "blocks of 0 tokens", "no group", "a window of 0",
+        "tokens computed below 0", "no new token"])
+def test_a_pool_or_a_step_that_cannot_be_is_refused(arguments, allocation):
+    with pytest.raises(ValueError):
+        manager = HybridBlockManager(*arguments)
+        manager.allocate_slots(*allocation)
