@@ -22,19 +22,13 @@ from kernels.sliding_window_varlen import window_varlen_attention, window_varlen
 
 def _windowed(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
               window: int, scale: float) -> torch.Tensor:
-    """Each sequence's query over its contiguous keys, positions before the window masked."""
+    """Each sequence's one query, its last token, over its contiguous keys with the window's
+    mask (chapter 8's ``causal_attention``); a sequence of no tokens gets zeros."""
     out = torch.zeros_like(query)
-    group = query.shape[1] // (keys[0].shape[1] if keys else 1)
     for seq, (k, v) in enumerate(zip(keys, values, strict=True)):
-        length = k.shape[0]
-        if length == 0:
-            continue
-        k = k.float().repeat_interleave(group, dim=1)
-        v = v.float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,thd->ht", query[seq].float(), k) * scale
-        seen = torch.arange(length) >= length - window
-        scores = scores.masked_fill(~seen, float("-inf"))
-        out[seq] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), v).to(query.dtype)
+        if k.shape[0]:
+            out[seq] = causal_attention(query[seq:seq + 1].float(), k.float(), v.float(), scale,
+                                        past=k.shape[0] - 1, window=window)[0]
     return out
 
 
@@ -141,7 +135,7 @@ def _packed(chunks: list[tuple[int, int]], window: int, block_size: int, kv_head
     blocks, the blocks the chunk's first query no longer sees given back as the null block
     (NaN), and the new tokens' queries packed."""
     generator = torch.Generator().manual_seed(seed)
-    query, k_cache, v_cache, tables, seq_lens, keys, values = _paged(
+    _, k_cache, v_cache, tables, seq_lens, keys, values = _paged(
         [length for length, _ in chunks], window, block_size, kv_heads, q_heads, head_dim, seed,
         computed=[length - new for length, new in chunks])
     queries = torch.randn(sum(new for _, new in chunks), q_heads, head_dim, generator=generator)
