@@ -26,7 +26,8 @@ import triton.language as tl
 
 from kernels.paged_attention import launch, validate_inputs
 
-__all__ = ["sliding_window_attention", "sliding_window_kernel", "sliding_window_reference"]
+__all__ = ["check_window", "sliding_window_attention", "sliding_window_kernel",
+           "sliding_window_reference"]
 
 
 @triton.jit
@@ -83,7 +84,8 @@ def sliding_window_kernel(
     tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
-def _check_window(window: int) -> None:
+def check_window(window: int) -> None:
+    """Refuse a window that is not an int (``TypeError``) or under one token (``ValueError``)."""
     if isinstance(window, bool) or not isinstance(window, int):
         raise TypeError(f"window must be an int, got {type(window).__name__}")
     if window < 1:
@@ -97,7 +99,7 @@ def sliding_window_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache
     (shapes and rules as chapter 7's ``validate_inputs``, and ``window`` an int >= 1), in the
     query's dtype; a sequence of length 0 gets zeros. Table slots before the window's first
     block are never read: they hold the null block (or any block of the pool)."""
-    _check_window(window)
+    check_window(window)
     validate_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale)
     if query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
         # the interpreter has no bf16 arithmetic: compute in fp32, return bf16
@@ -114,7 +116,7 @@ def sliding_window_reference(query: torch.Tensor, k_cache: torch.Tensor,
                              ) -> torch.Tensor:
     """The same in PyTorch: each sequence's window of keys and values gathered from its
     blocks (from the window's first block on), fp32 arithmetic."""
-    _check_window(window)
+    check_window(window)
     num_seqs, num_q_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.sliding_window_attention import check_window
 from kernels.varlen_attention import launch_varlen
 
 __all__ = ["window_varlen_attention", "window_varlen_kernel", "window_varlen_reference"]
@@ -91,9 +92,9 @@ def window_varlen_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
                             block_tables: torch.Tensor, window: int, scale: float
                             ) -> torch.Tensor:
     """``window_varlen_reference`` through the Triton kernel, in the query's dtype (bf16
-    computed in fp32 on the interpreter, which has no bf16 arithmetic)."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an int of at least 1, got {window!r}")
+    computed in fp32 on the interpreter, which has no bf16 arithmetic); ``window`` as
+    ``check_window`` wants it."""
+    check_window(window)
     if query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
         return window_varlen_attention(query.float(), k_cache.float(), v_cache.float(),
                                        query_start_loc, seq_lens, block_tables, window,

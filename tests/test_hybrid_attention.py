@@ -100,6 +100,9 @@ def test_a_window_that_is_not_a_positive_int_is_refused(window, error):
     query, k_cache, v_cache, tables, seq_lens, _, _ = _paged([5], 4, 4, 1, 1, 8, seed=0)
     with pytest.raises(error, match="window"):
         sliding_window_attention(query, k_cache, v_cache, tables, seq_lens, window, 0.3)
+    starts = torch.tensor([0, 1], dtype=torch.int32)  # the decode as a chunk of one query
+    with pytest.raises(error, match="window"):
+        window_varlen_attention(query, k_cache, v_cache, starts, seq_lens, tables, window, 0.3)
 
 
 def test_bf16_is_computed_in_fp32_and_returned_in_bf16():
