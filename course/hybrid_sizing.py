@@ -70,8 +70,7 @@ def attention_block_size(model: HybridModel, block_size: int, bytes_per_element:
     least as big as a state layer's whole state: the smallest multiple of ``block_size`` that
     does (vLLM aligns a block to its kernels' block size), ``block_size`` itself when the model
     has no state layer. Its attention layers all have one shape."""
-    attention = next(g for g in model.groups if g.kind != STATE)
-    per_token = 2 * attention.num_kv_heads * attention.head_dim * bytes_per_element
+    per_token = _attention_layer_token_bytes(model, bytes_per_element)
     state = max((g.state_elements * bytes_per_element for g in model.groups
                  if g.kind == STATE), default=0)
     blocks = max(1, -(-state // (block_size * per_token)))
@@ -81,9 +80,14 @@ def attention_block_size(model: HybridModel, block_size: int, bytes_per_element:
 def page_bytes(model: HybridModel, block_size: int, bytes_per_element: float = 2) -> int:
     """Bytes of one page of ``model``'s pool: one block of one attention layer at
     ``attention_block_size``, which a state layer's state (padded) fits in."""
-    attention = next(g for g in model.groups if g.kind != STATE)
     tokens = attention_block_size(model, block_size, bytes_per_element)
-    return int(2 * attention.num_kv_heads * attention.head_dim * bytes_per_element * tokens)
+    return int(_attention_layer_token_bytes(model, bytes_per_element) * tokens)
+
+
+def _attention_layer_token_bytes(model: HybridModel, bytes_per_element: float) -> float:
+    """Bytes one token takes in one of ``model``'s attention layers (all of one shape)."""
+    attention = next(g for g in model.groups if g.kind != STATE)
+    return group_bytes_per_token(attention, bytes_per_element) / attention.num_layers
 
 
 def fit_table(models: list[HybridModel], pool_bytes: float, lengths: list[int],
