@@ -92,6 +92,7 @@ class HybridEngine:
                       for index, layer in enumerate(layers)}
         self.model, self.block_size, self.attend = model, block_size, attend
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefix_caching = prefix_caching
         manager = HybridPrefixCache if prefix_caching else HybridBlockManager
         self.manager = manager(num_blocks, block_size, kinds)
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
@@ -116,8 +117,8 @@ class HybridEngine:
         budget = self.max_num_batched_tokens
         while self.running and budget:
             request = self.running.pop(0)
-            if isinstance(self.manager, HybridPrefixCache) and \
-                    request.id not in self.manager.tables:  # starting, or again after preemption
+            if self.prefix_caching and request.id not in self.manager.tables:
+                # starting, or starting again after preemption: from its longest hit
                 request.num_computed = self.manager.allocate_prefix(request.id, request.tokens)
                 self.hit_tokens += request.num_computed
             num_new = min(len(request.tokens) - request.num_computed, budget)
@@ -181,7 +182,7 @@ class HybridEngine:
             if request.num_computed == len(request.tokens):  # all it knows computed: sample
                 request.output.append(int(row.argmax()))
                 request.logits.append(row)
-            if isinstance(self.manager, HybridPrefixCache):
+            if self.prefix_caching:
                 self.manager.cache_full_blocks(request.id, request.tokens, request.num_computed)
 
 
