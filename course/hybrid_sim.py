@@ -47,11 +47,6 @@ def serve_hybrid(requests: list[PrefixRequest], windows: Sequence[int | None], b
     admitted: set[int] = set()
     prompt_tokens = hit_tokens = held = steps = preemptions = 0
 
-    def known(index: int) -> list[int]:
-        request = requests[index]
-        generated = max(0, computed.get(index, 0) - len(request.prompt) + 1)
-        return request.prompt + request.output[:generated]
-
     while waiting or computed:
         for index in [i for i in waiting if len(computed) < max_running]:
             request = requests[index]
@@ -83,8 +78,10 @@ def serve_hybrid(requests: list[PrefixRequest], windows: Sequence[int | None], b
                 if newest == index:
                     break
             if index in computed:
-                computed[index] += 1
-                manager.cache_full_blocks(index, known(index), computed[index])
+                computed[index] += 1  # the cache reads the computed tokens' blocks alone
+                request = requests[index]
+                manager.cache_full_blocks(index, request.prompt + request.output,
+                                          computed[index])
         steps += 1
         held += num_blocks - 1 - manager.num_free()  # a block two requests share counts once
         for index in [i for i, n in computed.items()
