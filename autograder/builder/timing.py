@@ -2,9 +2,11 @@
 grader as it grades, each step of ``autograde.STEPS`` timed as it ends and the grading kernel
 asked for its own times around arming. The grader keeps no times of its own.
 
-    rebuild_answers .. strip_demonstrations | place      | run_nbgrader                  | ...
-                                            |course copy | kernel start, arming, cells,  |
-                                                         | tests, nbgrader after the last|
+    course copy                    strip_demonstrations ends -> place ends
+    nbgrader and kernel start      place ends -> the kernel begins arming
+    imports and set-up             the kernel begins arming -> ends arming
+    own cells, test cells          each cell's execution times, as the notebook records them
+    nbgrader after the last cell   the last cell's end -> run_nbgrader ends
 """
 
 from __future__ import annotations
