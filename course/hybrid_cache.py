@@ -34,13 +34,19 @@ def skipped_tokens(num_computed: int, window: int) -> int:
 
 def free_skipped_blocks(table: list[int], num_computed: int, window: int,
                         block_size: int) -> list[int]:
-    """Put the null block in ``table`` (a request's block table in a sliding-window group) in
-    place of every block whose tokens the window no longer sees; return the blocks taken out,
-    to be freed (a slot that already holds the null block gives nothing)."""
+    """Once ``num_computed`` tokens of a request are computed, put ``NULL_BLOCK`` in its
+    sliding-window group's block ``table`` in place of every block whose tokens the window no
+    longer sees (``skipped_tokens(num_computed, window)`` first tokens; a block is skipped
+    when all its ``block_size`` tokens are), changing the list itself; return the blocks
+    taken out, in table order, for the pool to take back. A slot that already holds the null
+    block gives nothing back; the table keeps its length, so a logical block's index still
+    names the same tokens."""
+    ### BEGIN SOLUTION
     whole = min(skipped_tokens(num_computed, window) // block_size, len(table))
     freed = [block for block in table[:whole] if block != NULL_BLOCK]
     table[:whole] = [NULL_BLOCK] * whole
     return freed
+    ### END SOLUTION
 
 
 def blocks_needed(num_tokens: int, window: int | None, block_size: int) -> range:
@@ -65,10 +71,15 @@ def full_attention_hit(cached: set[int], max_length: int, block_size: int) -> in
 
 def sliding_window_hit(cached: set[int], max_length: int, block_size: int,
                        window: int) -> int:
-    """The longest hit, in tokens, of at most ``max_length`` that a sliding window accepts:
-    the last ``ceil((window - 1) / block_size)`` blocks before it cached, read right to left;
-    or a run of cached blocks from block 0 shorter than that, where nothing before the hit
-    is missing."""
+    """The longest prefix hit, in tokens (a whole number of blocks, at most ``max_length``),
+    that a sliding-window group accepts. ``cached``: the indices of the request's logical
+    blocks whose K/V the cache holds. A hit of ``L`` tokens needs the window of token ``L``,
+    its ``window - 1`` tokens before it: the ``ceil((window - 1) / block_size)`` blocks just
+    before ``L`` cached, found by reading the blocks right to left from the last whole block
+    within ``max_length``. A run of cached blocks that reaches block 0 is a hit too, however
+    short: nothing before it is missing. With a window of one token, nothing before ``L`` is
+    needed."""
+    ### BEGIN SOLUTION
     needed = -(-(window - 1) // block_size)
     if needed == 0:  # a window of one token: each token sees itself alone
         return max_length // block_size * block_size
@@ -78,14 +89,18 @@ def sliding_window_hit(cached: set[int], max_length: int, block_size: int,
         if run == needed:
             return (block + needed) * block_size
     return run * block_size  # the run that reached block 0, if any
+    ### END SOLUTION
 
 
 def hybrid_hit(groups: list[tuple[set[int], int | None]], num_tokens: int,
                block_size: int) -> int:
     """The longest prefix hit, in tokens, that every group accepts, for a request of
-    ``num_tokens`` tokens (its last one always computed). ``groups``: each group's cached
-    block indices and its window (None: full attention). Each group in turn shortens the hit
-    to what it accepts, until none shortens it."""
+    ``num_tokens`` tokens. ``groups``: for each group, its cached block indices and its window
+    (None: full attention, whose hit is ``full_attention_hit``; else ``sliding_window_hit``).
+    The last token is always computed, so the hit starts at most at the last whole block
+    before it; each group in turn shortens the hit to what it accepts at that length, until
+    a whole pass over the groups shortens it no more."""
+    ### BEGIN SOLUTION
     length = (num_tokens - 1) // block_size * block_size
     while True:
         shortest = length
@@ -95,3 +110,4 @@ def hybrid_hit(groups: list[tuple[set[int], int | None]], num_tokens: int,
         if shortest == length:
             return length
         length = shortest
+    ### END SOLUTION

@@ -77,11 +77,14 @@ class HybridEngine:
     step; ``attend`` computes a layer's variable-length paged attention
     (``attend_in_pytorch``, or Triton kernels with the same arguments). With
     ``prefix_caching``, a request starts from the longest prefix every group has cached
-    (``HybridPrefixCache``), and its tokens there are not computed again."""
+    (``HybridPrefixCache``), and its tokens there are not computed again. ``manager_class``
+    replaces the manager's class (one built on ``HybridBlockManager``, or on
+    ``HybridPrefixCache`` with ``prefix_caching``: a learner's ``allocate_slots`` in it)."""
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
                  attend: Attend = attend_in_pytorch, prefix_caching: bool = False,
-                 max_num_batched_tokens: int = 64) -> None:
+                 max_num_batched_tokens: int = 64,
+                 manager_class: type[HybridBlockManager] | None = None) -> None:
         c = model.config
         windows = [c.window(layer) for layer in range(c.num_layers)]
         kinds = list(dict.fromkeys(windows))  # each window once, in the order layers have it
@@ -93,7 +96,7 @@ class HybridEngine:
         self.model, self.block_size, self.attend = model, block_size, attend
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefix_caching = prefix_caching
-        manager = HybridPrefixCache if prefix_caching else HybridBlockManager
+        manager = manager_class or (HybridPrefixCache if prefix_caching else HybridBlockManager)
         self.manager = manager(num_blocks, block_size, kinds)
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
         device = model.embedding.device

@@ -51,7 +51,21 @@ class HybridBlockManager:
 
     def allocate_slots(self, request: int, num_computed: int, num_new: int) -> bool:
         """Room for ``num_new`` more tokens of ``request``, whose first ``num_computed``
-        tokens are computed; False, and no new block taken, when the pool has too few."""
+        tokens are computed; ``True`` when made.
+
+        1. ``num_computed < 0`` or ``num_new < 1``: ``ValueError``.
+        2. In each sliding-window group (``self.windows``: None is full attention), free the
+           blocks the window no longer sees once ``num_computed`` tokens are computed
+           (``free_skipped_blocks``), giving them back with ``self._give_back(blocks)``.
+        3. ``self.blocks_to_allocate(request, num_computed + num_new)`` says how many new
+           blocks each group needs. If together they are more than ``self.num_free()``,
+           return ``False``: no new block is taken, and a request seen for the first time
+           gets no tables.
+        4. Else take them, one ``self._take()`` per block, each appended to its group's
+           table (``self.tables[request]``: one list per group, made empty for a new
+           request), and return ``True``.
+        """
+        ### BEGIN SOLUTION
         if num_computed < 0 or num_new < 1:
             raise ValueError(f"request {request}: {num_computed} tokens computed and {num_new} "
                              "new; a step computes at least one token after those computed")
@@ -67,6 +81,7 @@ class HybridBlockManager:
         for table, count in zip(tables, needed, strict=True):
             table.extend(self._take() for _ in range(count))
         return True
+        ### END SOLUTION
 
     def free(self, request: int) -> None:
         """Give back every block ``request`` holds, in every group."""

@@ -38,9 +38,16 @@ def group_bytes_per_token(group: LayerGroup, bytes_per_element: float = 2) -> fl
 
 def request_bytes(model: HybridModel, num_tokens: int, bytes_per_element: float = 2) -> float:
     """Bytes a request of ``num_tokens`` tokens holds in ``model``'s cache, every group
-    together: a full-attention group keeps every token, a sliding-window group at most its
-    ``window`` last tokens, a state group one state per layer (none before the first token).
+    together (``model.groups``):
+
+    * a full-attention group (``group.kind == FULL``) keeps every token:
+      ``group_bytes_per_token(group, bytes_per_element)`` per token;
+    * a sliding-window group (``SLIDING``) keeps at most its ``group.window`` last tokens;
+    * a state group (``STATE``) keeps one state of ``group.state_elements`` elements in each
+      of its ``group.num_layers`` layers, however many tokens it has seen, and none before
+      the first token.
     """
+    ### BEGIN SOLUTION
     total = 0.0
     for group in model.groups:
         if group.kind == FULL:
@@ -51,6 +58,7 @@ def request_bytes(model: HybridModel, num_tokens: int, bytes_per_element: float 
         elif num_tokens > 0:
             total += group.num_layers * group.state_elements * bytes_per_element
     return total
+    ### END SOLUTION
 
 
 def requests_that_fit(model: HybridModel, pool_bytes: float, num_tokens: int,

@@ -158,3 +158,17 @@ def _blame_earlier(fn: Callable[..., Any], kwargs: dict[str, Any], earlier: list
         return (f"{call} cannot pass yet: {verdict.strip()} Fix {before.name} first (its own "
                 "test says why), then run this test again.")
     return None
+
+
+def expect_cases(fn: Callable, cases: list[dict], ask: Callable, idea: str | Callable,
+                 rel_tol: float = 1e-9, promise: Promise | None = None,
+                 earlier: Callable[[dict], list[Earlier]] | None = None) -> None:
+    """``fn`` on each case (its keyword arguments); ``ask(**case)`` gives the expected value
+    (or ``Raises``) and the values known mistakes give; ``idea`` may depend on the case;
+    ``earlier(case)``, the earlier TODOs ``fn`` may build on, with what they must give.
+    Every question is asked before the learner's code runs."""
+    asked = [(case, *ask(**case), idea(case) if callable(idea) else idea,
+              earlier(case) if earlier else []) for case in cases]
+    for case, expected, known, why, before in asked:
+        expect(fn, case, expected, why, known, rel_tol=rel_tol, promise=promise,
+               earlier=before)

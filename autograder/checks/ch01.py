@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autograder.checks._contract import INT, Earlier, Promise, expect
+from autograder.checks._contract import INT, Earlier, expect_cases
 from autograder.private import private, visible
 from course.models import MODELS, ModelConfig
 
@@ -34,20 +34,6 @@ TOO_LONG_IDEA = ("No request may be longer than max_model_len (an engine refuses
 NO_REQUESTS_IDEA = "With no requests there is nothing to count: the answer is 0."
 PAGED_IDEA = ("Paged, a request holds whole blocks of the pool, and requests are admitted "
               "first come, first served until the first one that does not fit.")
-
-
-def expect_cases(fn: Callable, cases: list[dict], ask: Callable, idea: str | Callable,
-                 rel_tol: float = 1e-9, promise: Promise | None = None,
-                 earlier: Callable[[dict], list[Earlier]] | None = None) -> None:
-    """``fn`` on each case (its keyword arguments); ``ask(**case)`` gives the expected value
-    (or ``Raises``) and the values known mistakes give; ``idea`` may depend on the case;
-    ``earlier(case)``, the earlier TODOs ``fn`` may build on, with what they must give.
-    Every question is asked before the learner's code runs."""
-    asked = [(case, *ask(**case), idea(case) if callable(idea) else idea,
-              earlier(case) if earlier else []) for case in cases]
-    for case, expected, known, why, before in asked:
-        expect(fn, case, expected, why, known, rel_tol=rel_tol, promise=promise,
-               earlier=before)
 
 
 def _kv_token(layers: int, kv_heads: int, head_dim: int, bpe: float) -> dict:

@@ -20,6 +20,7 @@ from autograder.checks._contract import (
     Earlier,
     Promise,
     expect,
+    expect_cases,
 )
 from autograder.private import private, visible
 
@@ -86,17 +87,6 @@ def expect_case(fn: Callable, case: dict, ask: Callable, idea: str | Callable,
     why = idea(case) if callable(idea) else idea
     before = earlier(case) if earlier else []
     expect(fn, case, expected, why, known, rel_tol=rel_tol, promise=promise, earlier=before)
-
-
-def expect_cases(fn: Callable, cases: list[dict], ask: Callable, idea: str | Callable,
-                 rel_tol: float = 1e-9, promise: Promise | None = None,
-                 earlier: Callable[[dict], list[Earlier]] | None = None) -> None:
-    """``expect_case`` on each case, every question asked before the first call."""
-    asked = [(case, *ask(**case), idea(case) if callable(idea) else idea,
-              earlier(case) if earlier else []) for case in cases]
-    for case, expected, known, why, before in asked:
-        expect(fn, case, expected, why, known, rel_tol=rel_tol, promise=promise,
-               earlier=before)
 
 
 # --- what an earlier TODO must give on the input a later one broke ---------------------------

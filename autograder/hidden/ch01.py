@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from fractions import Fraction
 
-from autograder.checks._contract import INT, Raises
+from autograder.checks._contract import INT, Raises, expect_cases
 from autograder.checks._helpers import mistakes
 from autograder.checks.ch01 import (
     BLOCKS_IDEA,
@@ -28,7 +28,6 @@ from autograder.checks.ch01 import (
     _paged,
     _sequence,
     contiguous_idea,
-    expect_cases,
     paged_idea,
     per_token_todo,
 )

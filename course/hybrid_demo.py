@@ -1,0 +1,94 @@
+"""Chapter 10's demonstrations, each run on the learner's own functions: the requests a pool
+fits, the prefix hits a sliding window keeps, and a tiny hybrid model served through the
+learner's ``allocate_slots``, token for token against contiguous generation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+
+from course.hybrid_engine import HybridEngine, HybridRequest, serve
+from course.hybrid_manager import HybridBlockManager
+from course.hybrid_models import HybridModel
+from course.hybrid_prefix import HybridPrefixCache
+from course.hybrid_sim import serve_hybrid
+from course.tiny_model import TinyModel, generate_contiguous
+
+GiB = 2**30
+RequestBytes = Callable[[HybridModel, int], float]
+
+
+def fit_rows(request_bytes: RequestBytes, models: Sequence[HybridModel], pool_bytes: float,
+             lengths: Sequence[int]) -> list[tuple[str, int, int, int]]:
+    """(model, tokens per request, requests that fit, requests that fit were every layer full
+    attention), each count ``pool_bytes // request_bytes(...)`` of the function given."""
+    return [(model.name, length, int(pool_bytes // request_bytes(model, length)),
+             int(pool_bytes // request_bytes(model.all_full_attention(), length)))
+            for model in models for length in lengths]
+
+
+def bytes_series(request_bytes: RequestBytes, models: Sequence[HybridModel],
+                 lengths: Sequence[int]) -> dict[str, list[float]]:
+    """GiB a request holds at each of ``lengths``, per model: as it is, and all full
+    attention (the series' names are the models', and ``<model>, all full attention``)."""
+    series = {}
+    for model in models:
+        for shape in (model, model.all_full_attention()):
+            series[shape.name] = [request_bytes(shape, n) / GiB for n in lengths]
+    return series
+
+
+def hit_rate_rows(workloads: dict[str, list], window: int, block_size: int,
+                  pools: Sequence[int]) -> list[tuple[str, int, float, float]]:
+    """(workload, blocks in the pool, hit rate all full attention, hit rate with a sliding
+    window of ``window`` tokens in half the layers) for each workload and pool size."""
+    rows = []
+    for name, requests in workloads.items():
+        for pool in pools:
+            full = serve_hybrid(requests, [None, None], block_size, pool)
+            hybrid = serve_hybrid(requests, [window, None], block_size, pool)
+            rows.append((name, pool, full.hit_rate, hybrid.hit_rate))
+    return rows
+
+
+def with_allocate_slots(manager_class: type[HybridBlockManager],
+                        allocate_slots: Callable) -> type[HybridBlockManager]:
+    """``manager_class`` with ``allocate_slots`` as its method (a prefix cache on top of a
+    learner's allocation)."""
+    return type(f"{manager_class.__name__}WithYours", (manager_class,),
+                {"allocate_slots": allocate_slots})
+
+
+def shared_prefix_requests(seed: int, count: int, prefix: int = 12) -> list[HybridRequest]:
+    """``count`` requests; every other one starts with the same ``prefix`` tokens."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(128) for _ in range(prefix)]
+    return [HybridRequest(i, (shared if i % 2 == 0 else []) +
+                          [rng.randrange(128) for _ in range(rng.randint(1, 10))],
+                          rng.randint(1, 8)) for i in range(count)]
+
+
+def equality_row(model: TinyModel, allocate_slots: Callable, block_size: int, num_blocks: int,
+                 budget: int, prefix_caching: bool, count: int = 8) -> dict:
+    """Serve ``count`` requests (half of them sharing a prefix) through a ``HybridEngine``
+    whose manager allocates with ``allocate_slots``; compare each with contiguous generation
+    under the same windows: requests identical, preemptions, hit tokens, and the largest
+    logit difference."""
+    base = HybridPrefixCache if prefix_caching else HybridBlockManager
+    engine = HybridEngine(model, num_blocks, block_size, prefix_caching=prefix_caching,
+                          max_num_batched_tokens=budget,
+                          manager_class=with_allocate_slots(base, allocate_slots))
+    served = serve(engine, shared_prefix_requests(seed=num_blocks, count=count))
+    identical, largest = 0, 0.0
+    for request in served:
+        tokens, logits = generate_contiguous(model, request.prompt, request.max_new_tokens)
+        identical += request.output == tokens
+        difference = (torch.stack(request.logits) - torch.stack(logits)).abs().max()
+        largest = max(largest, float(difference))
+    return {"requests": len(served), "identical": identical,
+            "preemptions": engine.preemptions, "hit_tokens": engine.hit_tokens,
+            "largest_logit_difference": largest,
+            "all_blocks_back": engine.manager.num_free() == num_blocks - 1}
