@@ -98,6 +98,10 @@ PARTS = {parts.slug: parts for parts in [
         "kernels.varlen_attention_ref", "varlen_paged_attention") | _all(
         "kernels.varlen_attention", "varlen_attention_kernel") | _all(
         "course.chunked_engine", "engine_step"), needs=(4, 6, 7)),
+    Parts("10_hybrid_models", _all("course.hybrid_sizing", "request_bytes") | _all(
+        "course.hybrid_cache", "free_skipped_blocks", "sliding_window_hit", "hybrid_hit") | _all(
+        "course.hybrid_manager:HybridBlockManager", "allocate_slots"),
+        skeleton="course.hybrid_manager:HybridBlockManager", needs=(4, 6, 9)),
 ]}
 
 

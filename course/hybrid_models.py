@@ -45,6 +45,9 @@ class HybridModel:
     max_model_len: int
     source: str
 
+    def __repr__(self) -> str:  # a hint names the model, not its every field
+        return f"HybridModel({self.name!r})"
+
     @property
     def num_layers(self) -> int:
         return sum(group.num_layers for group in self.groups)

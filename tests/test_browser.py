@@ -258,7 +258,25 @@ def _budget_animation(page) -> None:
     assert int(view.get_attribute("data-tokens")) <= int(view.get_attribute("data-budget"))
 
 
-WIDGETS = {"02": _address_explorer, "04": _prefix_tree, "09": _budget_animation}
+def _window_animation(page) -> None:
+    """Chapter 10: a step forward slides the window past the prompt's first block, which the
+    sliding group's table shows as a null slot, while the full group's holds every block."""
+    from playwright.sync_api import expect
+
+    view = page.locator(".kv-window-animation")
+    expect(view).to_have_count(1)
+    output = page.locator(".jp-OutputArea-output").filter(has=view)
+    expect(view).to_have_attribute("data-step", "0")
+    assert view.get_attribute("data-null-blocks") == "0"  # the prompt's step frees nothing
+    output.locator(".kv-step-forward").click()
+    expect(view).to_have_attribute("data-step", "1")
+    assert int(view.get_attribute("data-null-blocks")) > 0
+    expect(view.locator('.slot.null[data-group="1"]').first).to_be_visible()
+    assert view.locator('.slot.null[data-group="0"]').count() == 0
+
+
+WIDGETS = {"02": _address_explorer, "04": _prefix_tree, "09": _budget_animation,
+           "10": _window_animation}
 # README pictures: file name -> words in the figure's title
 PICTURES_OF = {"02": {"memory-breakdown": "Where the KV pool goes"},
                "05": {"throughput-vs-rate": "Throughput vs request rate",

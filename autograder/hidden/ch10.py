@@ -1,0 +1,484 @@
+"""Chapter 10's hidden checks: seeded random models and hypothesis-drawn tables, cached sets and
+runs of the pool, each checked against an oracle written another way (per layer and token, per
+slot and position, a search over every hit length, a pool kept as a dict of logical blocks),
+and the known mistakes a hint names.
+"""
+
+from __future__ import annotations
+
+import random
+import types
+from collections.abc import Callable
+
+from hypothesis import strategies as st
+
+from autograder.checks._contract import INT, Raises, expect_cases
+from autograder.checks._helpers import for_all, mistakes
+from autograder.checks.ch10 import (
+    BYTES_IDEA,
+    FREE_IDEA,
+    FREED_AND_TABLE,
+    HYBRID_HIT_IDEA,
+    SLIDING_HIT_IDEA,
+    _bytes,
+    _free,
+    _hybrid,
+    _sliding,
+    freeing,
+    run_steps,
+)
+from autograder.hidden._lending import one_bug_one_todo_of_function
+from autograder.private import thorough
+from course import hybrid_cache
+from course.hybrid_models import FULL, SLIDING, STATE, HybridModel, LayerGroup
+
+SEED = 2026  # random cases are seeded: grading a notebook twice gives the same score
+
+
+# --- request_bytes ----------------------------------------------------------------------------
+
+
+def _kept(group: LayerGroup, num_tokens: int) -> int:
+    """Elements one layer of ``group`` keeps for a request of ``num_tokens`` tokens, counted
+    token by token: the positions its next query still sees."""
+    if group.kind == STATE:
+        return group.state_elements if num_tokens else 0
+    first = 0 if group.kind == FULL else max(0, num_tokens - group.window)
+    return sum(2 * group.num_kv_heads * group.head_dim for _ in range(first, num_tokens))
+
+
+def _per_token(group: LayerGroup) -> int:
+    return 2 * group.num_layers * group.num_kv_heads * group.head_dim
+
+
+_BYTES_MISTAKES = [
+    (lambda model, num_tokens, bytes_per_element: sum(
+        num_tokens * _per_token(g) if g.kind != STATE else g.num_layers * g.state_elements
+        for g in model.groups if num_tokens) * bytes_per_element,
+     "A sliding-window layer keeps only its window's last tokens: its cost stops growing at "
+     "the window."),
+    (lambda model, num_tokens, bytes_per_element: sum(
+        (num_tokens if g.kind == FULL else min(num_tokens, g.window or 0)) * _per_token(g)
+        for g in model.groups) * bytes_per_element,
+     "A state layer keeps one fixed-size state per request: it counts too."),
+    (lambda model, num_tokens, bytes_per_element: sum(
+        num_tokens * g.num_layers * g.state_elements if g.kind == STATE else
+        (num_tokens if g.kind == FULL else min(num_tokens, g.window)) * _per_token(g)
+        for g in model.groups) * bytes_per_element,
+     "A state does not grow with the request: one per layer, whatever its length."),
+    (lambda model, num_tokens, bytes_per_element: sum(
+        g.num_layers * g.state_elements if g.kind == STATE else
+        (num_tokens if g.kind == FULL else min(num_tokens, g.window)) * _per_token(g)
+        for g in model.groups) * bytes_per_element,
+     "A request of no tokens has no state yet: it holds nothing."),
+    (lambda model, num_tokens, bytes_per_element: sum(
+        g.state_elements if g.kind == STATE else
+        (num_tokens if g.kind == FULL else min(num_tokens, g.window)) * _per_token(g)
+        for g in model.groups if num_tokens) * bytes_per_element,
+     "Every layer of a state group keeps a state of its own."),
+]
+
+
+def request_bytes_case(**case) -> tuple:
+    model, n, bpe = case["model"], case["num_tokens"], case["bytes_per_element"]
+    expected = sum(g.num_layers * _kept(g, n) for g in model.groups) * bpe
+    return expected, mistakes(_BYTES_MISTAKES, case)
+
+
+def _random_model(rng: random.Random) -> HybridModel:
+    groups = []
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.choice([FULL, SLIDING, STATE])
+        if kind == STATE:
+            groups.append(LayerGroup(STATE, rng.randint(1, 40),
+                                     state_elements=rng.randint(1, 2_000_000)))
+        else:
+            groups.append(LayerGroup(kind, rng.randint(1, 60), rng.randint(1, 16),
+                                     rng.choice([32, 64, 80, 128, 256]),
+                                     window=rng.choice([1, 2, 7, 128, 1024, 4096])
+                                     if kind == SLIDING else None))
+    return HybridModel(f"random model {rng.randint(0, 999)}", tuple(groups), 1 << 20,
+                       "drawn")
+
+
+@thorough
+def check_request_bytes_thoroughly(fn: Callable) -> None:
+    """Seeded random models of one to three groups, lengths on either side of each window,
+    fp8 and fp32."""
+    rng = random.Random(SEED)
+    cases = []
+    for _ in range(60):
+        model = _random_model(rng)
+        windows = [g.window for g in model.groups if g.window] or [100]
+        around = rng.choice(windows) + rng.choice([-1, 0, 1])
+        length = rng.choice([0, 1, max(0, around), rng.randint(0, 200_000)])
+        cases.append(_bytes(model, length, rng.choice([1, 2, 4])))
+    expect_cases(fn, cases, request_bytes_case, BYTES_IDEA)
+
+
+# --- free_skipped_blocks ----------------------------------------------------------------------
+
+
+def _freed_oracle(table: list[int], num_computed: int, window: int,
+                  block_size: int) -> tuple[list[int], list[int]]:
+    """Slot by slot: a slot goes null when no position in it is seen by the query at position
+    ``num_computed`` (positions ``num_computed - window + 1`` on)."""
+    first_seen = num_computed - window + 1
+    after, freed = [], []
+    for index, block in enumerate(table):
+        positions = range(index * block_size, (index + 1) * block_size)
+        if all(p < first_seen for p in positions):
+            if block != hybrid_cache.NULL_BLOCK:
+                freed.append(block)
+            after.append(hybrid_cache.NULL_BLOCK)
+        else:
+            after.append(block)
+    return freed, after
+
+
+def _skipped(num_computed, window):
+    return max(0, num_computed - window + 1)
+
+
+def _free_with(whole: Callable[[int, int, int], int], keep_null: bool = True,
+               give_null: bool = False, shorten: bool = False) -> Callable:
+    def wrong(table, num_computed, window, block_size):
+        count = min(whole(num_computed, window, block_size), len(table))
+        freed = [b for b in table[:count] if give_null or b != hybrid_cache.NULL_BLOCK]
+        after = table[count:] if shorten else [hybrid_cache.NULL_BLOCK] * count + table[count:]
+        return freed, after if keep_null or shorten else table
+    return wrong
+
+
+_FREE_MISTAKES = [
+    (_free_with(lambda n, w, b: -(-_skipped(n, w) // b)),
+     "A block goes back only when all its tokens are out of the window: a block the window "
+     "still partly sees is needed."),
+    (_free_with(lambda n, w, b: max(0, n - w) // b),
+     "Off by one: the next token (position num_computed) sees its window's window - 1 tokens "
+     "before it, so the first num_computed - window + 1 are out."),
+    (_free_with(lambda n, w, b: max(0, n - w + 2) // b),
+     "Off by one: the next token (position num_computed) sees its window's window - 1 tokens "
+     "before it, so the first num_computed - window + 1 are out."),
+    (_free_with(lambda n, w, b: _skipped(n, w) // b, shorten=True),
+     "The table keeps its length: a freed block's slot holds the null block, so that a "
+     "logical block's index still names the same tokens."),
+    (_free_with(lambda n, w, b: _skipped(n, w) // b, give_null=True),
+     "A slot that already holds the null block gives nothing back: the null block is never "
+     "freed."),
+    (_free_with(lambda n, w, b: _skipped(n, w) // b, keep_null=False),
+     "The table itself changes: each freed block's slot holds the null block."),
+]
+
+
+def free_case(**case) -> tuple:
+    expected = _freed_oracle(**case)
+    known = [(None if value is None else (list(value[0]), list(value[1])), text)
+             for value, text in mistakes(_FREE_MISTAKES, case)]
+    return expected, known
+
+
+@st.composite
+def _freeing_cases(draw):
+    block_size = draw(st.sampled_from([1, 2, 3, 4, 5, 16]))
+    window = draw(st.one_of(st.sampled_from([1, 2, block_size, block_size + 1]),
+                            st.integers(1, 40)))
+    length = draw(st.integers(0, 12))
+    blocks = draw(st.lists(st.integers(1, 500), min_size=length, max_size=length, unique=True))
+    nulls = draw(st.integers(0, length))
+    table = [hybrid_cache.NULL_BLOCK] * nulls + blocks[nulls:]
+    k = draw(st.integers(0, length + 1))
+    edge = k * block_size + window - 1  # the first block's last token leaves the window here
+    computed = draw(st.one_of(st.sampled_from([max(0, edge - 1), edge, edge + 1]),
+                              st.integers(0, (length + 1) * block_size + window)))
+    return _free(table, computed, window, block_size)
+
+
+@thorough
+def check_free_skipped_blocks_thoroughly(fn: Callable) -> None:
+    """Drawn tables (null blocks already in place), windows and block sizes, lengths on
+    either side of each block boundary."""
+    for_all(_freeing_cases(), lambda case: expect_cases(
+        freeing(fn), [case], free_case, FREE_IDEA, promise=FREED_AND_TABLE))
+
+
+# --- sliding_window_hit -----------------------------------------------------------------------
+
+
+def _accepts(cached: set[int], length: int, block_size: int, window: int | None) -> bool:
+    """Whether a group accepts a hit of ``length`` tokens: every block holding a token that the
+    query at position ``length`` reads, before it, is cached."""
+    first = 0 if window is None else max(0, length - window + 1)
+    return all(p // block_size in cached for p in range(first, length))
+
+
+def _longest(cached: set[int], max_length: int, block_size: int, window: int | None) -> int:
+    return next(length for length in range(max_length // block_size * block_size, -1,
+                                           -block_size)
+                if _accepts(cached, length, block_size, window))
+
+
+def _hit_reading(needed: Callable[[int, int], int], from_start: bool = True,
+                 left_to_right: bool = False) -> Callable:
+    """A sliding hit that needs ``needed(window, block_size)`` cached blocks before it; the
+    last run of them, or the first (``left_to_right``); a run from block 0 when none is found
+    (``from_start``)."""
+    def wrong(cached, max_length, block_size, window):
+        need, last = needed(window, block_size), max_length // block_size
+        if need <= 0:
+            return last * block_size
+        ends = [end for end in range(need, last + 1)
+                if all(b in cached for b in range(end - need, end))]
+        if ends:
+            return (ends[0] if left_to_right else ends[-1]) * block_size
+        run = 0
+        while from_start and run < last and run in cached:
+            run += 1
+        return run * block_size
+    return wrong
+
+
+_SLIDING_MISTAKES = [
+    (lambda cached, max_length, block_size, window:
+        hybrid_cache.full_attention_hit(cached, max_length, block_size),
+     "That is full attention's hit: a sliding window needs only the blocks just before the "
+     "hit, read right to left."),
+    (_hit_reading(lambda w, b: w // b),
+     "The window of the hit's first computed token holds window - 1 tokens before it: "
+     "ceil((window - 1) / block_size) blocks, not window // block_size."),
+    (_hit_reading(lambda w, b: -(-w // b)),
+     "The window of the hit's first computed token holds window - 1 tokens before it: "
+     "ceil((window - 1) / block_size) blocks, not ceil(window / block_size)."),
+    (_hit_reading(lambda w, b: -(-(w - 1) // b), from_start=False),
+     "A run of cached blocks that reaches block 0 is a hit however short: nothing before it "
+     "is missing."),
+    (_hit_reading(lambda w, b: -(-(w - 1) // b), left_to_right=True),
+     "Read right to left from the last whole block within max_length: the longest hit is "
+     "the last run, not the first."),
+]
+
+
+def sliding_case(**case) -> tuple:
+    expected = _longest(case["cached"], case["max_length"], case["block_size"], case["window"])
+    return expected, mistakes(_SLIDING_MISTAKES, case)
+
+
+@st.composite
+def _cached_sets(draw, blocks: int):
+    """Sparse sets, or dense ones (every block but a few holes), where hits are long and a
+    group's answer changes with the length asked."""
+    drawn = set(draw(st.lists(st.integers(0, max(0, blocks - 1)), max_size=blocks)))
+    return drawn if draw(st.booleans()) else set(range(blocks)) - drawn
+
+
+@st.composite
+def _sliding_cases(draw):
+    block_size = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    blocks = draw(st.integers(0, 12))
+    window = draw(st.one_of(st.sampled_from([1, 2, block_size, block_size + 1,
+                                             2 * block_size + 1]), st.integers(1, 40)))
+    max_length = blocks * block_size + draw(st.integers(0, block_size - 1))
+    return _sliding(draw(_cached_sets(blocks)), max_length, block_size, window)
+
+
+@thorough
+def check_sliding_window_hit_thoroughly(fn: Callable) -> None:
+    """Drawn cached sets, windows of 1 to 40, blocks of 1 to 8, lengths that are not whole
+    blocks."""
+    for_all(_sliding_cases(), lambda case: expect_cases(
+        fn, [case], sliding_case, SLIDING_HIT_IDEA, rel_tol=0, promise=INT))
+
+
+# --- hybrid_hit -------------------------------------------------------------------------------
+
+
+def _group_hit(cached, length, block_size, window):
+    return (hybrid_cache.full_attention_hit(cached, length, block_size) if window is None
+            else hybrid_cache.sliding_window_hit(cached, length, block_size, window))
+
+
+_HYBRID_MISTAKES = [
+    (lambda groups, num_tokens, block_size: min(
+        _group_hit(c, (num_tokens - 1) // block_size * block_size, block_size, w)
+        for c, w in groups),
+     "A group's answer depends on the length it is asked about: ask again at the shorter "
+     "length, until a whole pass changes nothing."),
+    (lambda groups, num_tokens, block_size: _fixed_point(groups, num_tokens // block_size
+                                                         * block_size, block_size),
+     "The last token is always computed (its logits give the next token): the hit stops at "
+     "the last whole block before it."),
+    (lambda groups, num_tokens, block_size: _fixed_point(
+        [g for g in groups if g[1] is None] or groups, (num_tokens - 1) // block_size
+        * block_size, block_size),
+     "Every group must accept the hit, the sliding-window groups too."),
+]
+
+
+def _fixed_point(groups, length, block_size):
+    while True:
+        shorter = length
+        for cached, window in groups:
+            shorter = _group_hit(cached, shorter, block_size, window)
+        if shorter == length:
+            return length
+        length = shorter
+
+
+def hybrid_case(**case) -> tuple:
+    groups, n, size = case["groups"], case["num_tokens"], case["block_size"]
+    expected = next(length for length in range((n - 1) // size * size, -1, -size)
+                    if all(_accepts(cached, length, size, window) for cached, window in groups))
+    return expected, mistakes(_HYBRID_MISTAKES, case)
+
+
+@st.composite
+def _hybrid_cases(draw):
+    block_size = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    num_tokens = draw(st.integers(1, 80))
+    blocks = -(-num_tokens // block_size)
+    groups = []
+    for _ in range(draw(st.integers(1, 3))):
+        window = draw(st.one_of(st.none(), st.sampled_from([block_size + 1, 2 * block_size,
+                                                            2 * block_size + 1]),
+                                st.integers(1, 30)))
+        groups.append((draw(_cached_sets(blocks)), window))
+    return _hybrid(groups, num_tokens, block_size)
+
+
+@thorough
+def check_hybrid_hit_thoroughly(fn: Callable) -> None:
+    """One to three groups of drawn cached sets and windows, blocks of 1 to 8, requests of 1
+    to 80 tokens, against a search over every length."""
+    one_bug_one_todo_of_function(
+        lambda subject: for_all(_hybrid_cases(), lambda case: expect_cases(
+            subject, [case], hybrid_case, HYBRID_HIT_IDEA, rel_tol=0, promise=INT),
+            max_examples=300),
+        fn, {"sliding_window_hit": hybrid_cache.sliding_window_hit})
+
+
+# --- allocate_slots ---------------------------------------------------------------------------
+
+
+class _Pool:
+    """The pool as a second reading of the rules: per request and group, a dict of logical
+    block index -> physical block (None: the null block)."""
+
+    def __init__(self, windows, block_size, num_blocks):
+        self.windows, self.block_size = windows, block_size
+        self.free = list(range(1, num_blocks))
+        self.held: dict[int, list[dict[int, int | None]]] = {}
+
+    def allocate(self, request, num_computed, num_new):
+        if num_computed < 0 or num_new < 1:
+            return Raises(ValueError)
+        groups = self.held.get(request, [{} for _ in self.windows])
+        for slots, window in zip(groups, self.windows, strict=True):
+            if window is None:
+                continue
+            for index, block in _freeable(slots, num_computed, window, self.block_size):
+                self.free.append(block)
+                slots[index] = None
+        wanted = len(range(0, num_computed + num_new, self.block_size))
+        missing = [wanted - len(slots) for slots in groups if len(slots) < wanted]
+        if sum(missing) > len(self.free):
+            return False
+        self.held[request] = groups
+        for slots in groups:
+            while len(slots) < wanted:
+                slots[len(slots)] = self.free.pop(0)
+        return True
+
+    def release(self, request):
+        for slots in self.held.pop(request, []):
+            self.free += [b for _, b in sorted(slots.items(), reverse=True) if b is not None]
+
+    def seen(self, returned):
+        tables = {r: [[i for i in sorted(s) if s[i] is None] + [len(s)] for s in groups]
+                  for r, groups in self.held.items()}
+        return {"returned": returned, "tables": tables, "free": len(self.free)}
+
+
+def _freeable(slots, num_computed, window, block_size):
+    return [(i, b) for i, b in sorted(slots.items()) if b is not None
+            and (i + 1) * block_size - 1 < num_computed - window + 1]
+
+
+def allocation_outcomes(windows, block_size, num_blocks, steps) -> list:
+    """What each step of ``steps`` must give (``run_steps``), from the second reading."""
+    pool, outcomes = _Pool(windows, block_size, num_blocks), []
+    for step in steps:
+        if step[0] == "free":
+            pool.release(step[1])
+            outcomes.append(None)
+        else:
+            outcomes.append(pool.seen(pool.allocate(*step[1:])))
+    return outcomes
+
+
+@st.composite
+def _runs(draw):
+    windows = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 12)), min_size=1,
+                                  max_size=3)))
+    block_size = draw(st.integers(1, 5))
+    num_blocks = draw(st.integers(2, 30))
+    computed: dict[int, int] = {}
+    steps = []
+    for _ in range(draw(st.integers(1, 14))):
+        request = draw(st.integers(0, 2))
+        action = draw(st.sampled_from(["grow", "grow", "grow", "free", "bad"]))
+        if action == "free":
+            steps.append(("free", request))
+            computed.pop(request, None)
+        elif action == "bad":
+            steps.append(("allocate", request, draw(st.sampled_from([-1, 0])), 0))
+        else:
+            done = computed.get(request, 0)
+            new = draw(st.integers(1, 9))
+            steps.append(("allocate", request, done, new))
+            computed[request] = done + new  # assumed computed; a refusal below undoes it
+    return windows, block_size, num_blocks, _computed_only_when_granted(steps, windows,
+                                                                        block_size, num_blocks)
+
+
+def _computed_only_when_granted(steps, windows, block_size, num_blocks):
+    """``steps`` with each request's ``num_computed`` counting only the steps granted."""
+    pool, computed, kept = _Pool(windows, block_size, num_blocks), {}, []
+    for step in steps:
+        if step[0] == "free":
+            pool.release(step[1])
+            computed.pop(step[1], None)
+            kept.append(step)
+            continue
+        _, request, done, new = step
+        if new >= 1:
+            done = computed.get(request, 0)
+        kept.append(("allocate", request, done, new))
+        if pool.allocate(request, done, new) is True:
+            computed[request] = done + new
+    return kept
+
+
+def _check_run(subject: Callable, run: tuple) -> None:
+    windows, block_size, num_blocks, steps = run
+    run_steps("allocate_slots", subject, windows, block_size, num_blocks, steps,
+              allocation_outcomes(windows, block_size, num_blocks, steps))
+
+
+@thorough
+def check_allocate_slots_thoroughly(subject: Callable) -> None:
+    """Hypothesis-drawn runs: one to three groups, windows of 1 and more, blocks of 1 to 5,
+    pools of 2 to 30 blocks, several requests growing and freed, bad steps. ``subject``: the
+    learner's class, or an ``allocate_slots`` function; where it fails, again with the course's
+    ``free_skipped_blocks`` lent to its ``allocate_slots``."""
+
+    def check(pool: Callable) -> None:
+        for_all(_runs(), lambda run: _check_run(pool, run), max_examples=200)
+
+    method = vars(subject).get("allocate_slots") if isinstance(subject, type) else None
+    if isinstance(method, types.FunctionType):  # the class's own: lend through its globals
+        one_bug_one_todo_of_function(
+            lambda fn: check(type(subject.__name__, (subject,), {"allocate_slots": fn})),
+            method, {"free_skipped_blocks": hybrid_cache.free_skipped_blocks})
+    else:
+        one_bug_one_todo_of_function(check, subject,
+                                     {"free_skipped_blocks": hybrid_cache.free_skipped_blocks})

@@ -1,0 +1,363 @@
+"""Wrong chapter 10 solutions, as learners write them, with the hint each must get; and
+``RULES``: each rule the notebook states about a TODO, with the mutants that break it alone."""
+
+from __future__ import annotations
+
+from course.hybrid_cache import NULL_BLOCK, full_attention_hit, skipped_tokens
+from course.hybrid_models import FULL, STATE
+from course.hybrid_sizing import group_bytes_per_token
+from mutants import Rule
+
+# --- request_bytes ----------------------------------------------------------------------------
+
+
+def _sliding_as_full(model, num_tokens, bytes_per_element=2):
+    total = 0.0
+    for group in model.groups:
+        if group.kind == STATE:
+            total += group.num_layers * group.state_elements * bytes_per_element if num_tokens \
+                else 0
+        else:
+            total += num_tokens * group_bytes_per_token(group, bytes_per_element)
+    return total
+
+
+def _no_state(model, num_tokens, bytes_per_element=2):
+    return sum(min(num_tokens, group.window or num_tokens)
+               * group_bytes_per_token(group, bytes_per_element)
+               for group in model.groups if group.kind != STATE)
+
+
+def _state_per_token(model, num_tokens, bytes_per_element=2):
+    total = 0.0
+    for group in model.groups:
+        if group.kind == STATE:
+            total += num_tokens * group.num_layers * group.state_elements * bytes_per_element
+        else:
+            kept = num_tokens if group.kind == FULL else min(num_tokens, group.window)
+            total += kept * group_bytes_per_token(group, bytes_per_element)
+    return total
+
+
+def _state_before_the_first_token(model, num_tokens, bytes_per_element=2):
+    total = 0.0
+    for group in model.groups:
+        if group.kind == STATE:
+            total += group.num_layers * group.state_elements * bytes_per_element
+        else:
+            kept = num_tokens if group.kind == FULL else min(num_tokens, group.window)
+            total += kept * group_bytes_per_token(group, bytes_per_element)
+    return total
+
+
+def _one_state_per_group(model, num_tokens, bytes_per_element=2):
+    total = 0.0
+    for group in model.groups:
+        if group.kind == STATE:
+            total += group.state_elements * bytes_per_element if num_tokens else 0
+        else:
+            kept = num_tokens if group.kind == FULL else min(num_tokens, group.window)
+            total += kept * group_bytes_per_token(group, bytes_per_element)
+    return total
+
+
+def _window_less_one(model, num_tokens, bytes_per_element=2):
+    total = 0.0
+    for group in model.groups:
+        if group.kind == STATE:
+            total += group.num_layers * group.state_elements * bytes_per_element if num_tokens \
+                else 0
+        else:
+            kept = num_tokens if group.kind == FULL else min(num_tokens, group.window - 1)
+            total += kept * group_bytes_per_token(group, bytes_per_element)
+    return total
+
+
+# --- free_skipped_blocks ----------------------------------------------------------------------
+
+
+def _frees_partial_blocks(table, num_computed, window, block_size):
+    whole = min(-(-skipped_tokens(num_computed, window) // block_size), len(table))
+    freed = [b for b in table[:whole] if b != NULL_BLOCK]
+    table[:whole] = [NULL_BLOCK] * whole
+    return freed
+
+
+def _window_of_the_last_token(table, num_computed, window, block_size):
+    whole = min(max(0, num_computed - window) // block_size, len(table))
+    freed = [b for b in table[:whole] if b != NULL_BLOCK]
+    table[:whole] = [NULL_BLOCK] * whole
+    return freed
+
+
+def _shortens_the_table(table, num_computed, window, block_size):
+    whole = min(skipped_tokens(num_computed, window) // block_size, len(table))
+    freed = [b for b in table[:whole] if b != NULL_BLOCK]
+    del table[:whole]
+    return freed
+
+
+def _frees_the_null_block(table, num_computed, window, block_size):
+    whole = min(skipped_tokens(num_computed, window) // block_size, len(table))
+    freed = table[:whole]
+    table[:whole] = [NULL_BLOCK] * whole
+    return freed
+
+
+def _new_table_not_the_given_one(table, num_computed, window, block_size):
+    whole = min(skipped_tokens(num_computed, window) // block_size, len(table))
+    freed = [b for b in table[:whole] if b != NULL_BLOCK]
+    table = [NULL_BLOCK] * whole + table[whole:]  # a new list: the caller's is unchanged
+    return freed
+
+
+def _returns_nothing(table, num_computed, window, block_size):
+    whole = min(skipped_tokens(num_computed, window) // block_size, len(table))
+    table[:whole] = [NULL_BLOCK] * whole
+
+
+# --- sliding_window_hit -----------------------------------------------------------------------
+
+
+def _reads_left_to_right(cached, max_length, block_size, window):
+    return full_attention_hit(cached, max_length, block_size)
+
+
+def _right_to_left_needing(needed_blocks):
+    def sliding_window_hit(cached, max_length, block_size, window):
+        needed = needed_blocks(window, block_size)
+        run = 0
+        for block in range(max_length // block_size - 1, -1, -1):
+            run = run + 1 if block in cached else 0
+            if run == needed:
+                return (block + needed) * block_size
+        return run * block_size
+    return sliding_window_hit
+
+
+_window_in_whole_blocks = _right_to_left_needing(lambda w, b: w // b)
+_window_in_whole_blocks.__name__ = "_window_in_whole_blocks"
+_window_rounded_up = _right_to_left_needing(lambda w, b: -(-w // b))
+_window_rounded_up.__name__ = "_window_rounded_up"
+_no_case_for_a_window_of_one = _right_to_left_needing(lambda w, b: -(-(w - 1) // b))
+_no_case_for_a_window_of_one.__name__ = "_no_case_for_a_window_of_one"
+
+
+def _no_short_run_from_block_0(cached, max_length, block_size, window):
+    needed = -(-(window - 1) // block_size)
+    if needed == 0:
+        return max_length // block_size * block_size
+    run = 0
+    for block in range(max_length // block_size - 1, -1, -1):
+        run = run + 1 if block in cached else 0
+        if run == needed:
+            return (block + needed) * block_size
+    return 0
+
+
+def _first_run_from_the_left(cached, max_length, block_size, window):
+    needed = -(-(window - 1) // block_size)
+    if needed == 0:
+        return max_length // block_size * block_size
+    run = 0
+    for block in range(max_length // block_size):
+        run = run + 1 if block in cached else 0
+        if run == needed:
+            return (block + 1) * block_size
+    return full_attention_hit(cached, max_length, block_size)
+
+
+def _hit_in_blocks(cached, max_length, block_size, window):
+    needed = -(-(window - 1) // block_size)
+    if needed == 0:
+        return max_length // block_size
+    run = 0
+    for block in range(max_length // block_size - 1, -1, -1):
+        run = run + 1 if block in cached else 0
+        if run == needed:
+            return block + needed
+    return run
+
+
+# --- hybrid_hit -------------------------------------------------------------------------------
+
+
+def _one_group_hit(cached, length, block_size, window):
+    from course.hybrid_cache import sliding_window_hit
+
+    return (full_attention_hit(cached, length, block_size) if window is None
+            else sliding_window_hit(cached, length, block_size, window))
+
+
+def _least_of_the_groups(groups, num_tokens, block_size):
+    length = (num_tokens - 1) // block_size * block_size
+    return min(_one_group_hit(cached, length, block_size, window) for cached, window in groups)
+
+
+def _one_pass(groups, num_tokens, block_size):
+    length = (num_tokens - 1) // block_size * block_size
+    for cached, window in groups:
+        length = _one_group_hit(cached, length, block_size, window)
+    return length
+
+
+def _last_token_hit_too(groups, num_tokens, block_size):
+    length = num_tokens // block_size * block_size
+    while True:
+        shortest = length
+        for cached, window in groups:
+            shortest = _one_group_hit(cached, shortest, block_size, window)
+        if shortest == length:
+            return length
+        length = shortest
+
+
+def _full_attention_groups_only(groups, num_tokens, block_size):
+    length = (num_tokens - 1) // block_size * block_size
+    return min([full_attention_hit(cached, length, block_size)
+                for cached, window in groups if window is None] or [length])
+
+
+# --- allocate_slots ---------------------------------------------------------------------------
+
+
+def _allocation(free_skipped: bool = True, give_back: bool = True, computed_after: bool = False,
+                all_or_none: bool = True, per_group: bool = False, validate: bool = True,
+                returns: bool = True):
+    """``allocate_slots`` written with one of the rules broken."""
+    from course.hybrid_cache import free_skipped_blocks
+
+    def allocate_slots(self, request, num_computed, num_new):
+        if validate and (num_computed < 0 or num_new < 1):
+            raise ValueError("bad step")
+        tables = self.tables.get(request) or [[] for _ in self.windows]
+        for table, window in zip(tables, self.windows, strict=True):
+            if window is not None and free_skipped:
+                seen = num_computed + num_new if computed_after else num_computed
+                freed = free_skipped_blocks(table, seen, window, self.block_size)
+                if give_back:
+                    self._give_back(freed)
+        needed = self.blocks_to_allocate(request, num_computed + num_new)
+        fits = (all(count <= self.num_free() for count in needed) if per_group
+                else sum(needed) <= self.num_free())
+        if all_or_none and not fits:
+            return False
+        self.tables[request] = tables
+        for table, count in zip(tables, needed, strict=True):
+            for _ in range(count):
+                if not self.num_free():
+                    return False
+                table.append(self._take())
+        return True if returns else None
+
+    return allocate_slots
+
+
+def _named(name: str, fn):
+    fn.__name__ = name
+    return fn
+
+
+_never_frees_skipped_blocks = _named("_never_frees_skipped_blocks",
+                                     _allocation(free_skipped=False))
+_nulls_without_giving_back = _named("_nulls_without_giving_back", _allocation(give_back=False))
+_frees_for_the_new_tokens = _named("_frees_for_the_new_tokens",
+                                   _allocation(computed_after=True))
+_takes_what_fits = _named("_takes_what_fits", _allocation(all_or_none=False))
+_counts_each_group_alone = _named("_counts_each_group_alone", _allocation(per_group=True))
+_no_bad_step_check = _named("_no_bad_step_check", _allocation(validate=False))
+_returns_none_when_made = _named("_returns_none_when_made", _allocation(returns=False))
+
+
+MUTANTS = {
+    "request_bytes": [
+        (_sliding_as_full, "its cost stops growing at the window"),
+        (_no_state, "A state layer keeps one fixed-size state per request"),
+        (_state_per_token, "A state does not grow with the request"),
+        (_state_before_the_first_token, "A request of no tokens has no state yet"),
+        (_one_state_per_group, "Every layer of a state group keeps a state of its own"),
+        (_window_less_one, "at most the window's last tokens"),
+    ],
+    "free_skipped_blocks": [
+        (_frees_partial_blocks, "a block the window still partly sees is needed"),
+        (_window_of_the_last_token, "the first num_computed - window + 1 are out"),
+        (_shortens_the_table, "The table keeps its length"),
+        (_frees_the_null_block, "the null block is never freed"),
+        (_new_table_not_the_given_one, "The table itself changes"),
+        (_returns_nothing, "(Shown: the blocks returned, then the table after the call.)"),
+    ],
+    "sliding_window_hit": [
+        (_reads_left_to_right, "That is full attention's hit"),
+        (_window_in_whole_blocks, "not window // block_size"),
+        (_window_rounded_up, "not ceil(window / block_size)"),
+        (_no_case_for_a_window_of_one, "A sliding window accepts a hit of L tokens"),
+        (_no_short_run_from_block_0, "reaches block 0 is a hit however short"),
+        (_first_run_from_the_left, "the longest hit is the last run, not the first"),
+        (_hit_in_blocks, "A sliding window accepts a hit of L tokens"),
+    ],
+    "hybrid_hit": [
+        (_least_of_the_groups, "ask again at the shorter length"),
+        (_one_pass, "until a whole pass changes nothing"),
+        (_last_token_hit_too, "The last token is always computed"),
+        (_full_attention_groups_only, "Every group must accept the hit"),
+    ],
+    "allocate_slots": [
+        (_never_frees_skipped_blocks, "expected 3 slots, null at [0]"),
+        (_nulls_without_giving_back, "blocks free, expected"),
+        (_frees_for_the_new_tokens, "once num_computed tokens are computed"),
+        (_takes_what_fits, "a step that does not fit takes nothing"),
+        (_counts_each_group_alone, "a step that does not fit takes nothing"),
+        (_no_bad_step_check, "expected it to raise ValueError"),
+        (_returns_none_when_made, "returned None, expected True"),
+    ],
+}
+
+RULES = [
+    Rule("sliding window: at most its last window tokens, min(n, window) x "
+         "group_bytes_per_token(group): the cost stops growing at the window", "request_bytes",
+         ("_sliding_as_full", "_window_less_one")),
+    Rule("state: one state of state_elements elements in each of its layers from the first "
+         "token on, num_layers x state_elements x bytes_per_element, and nothing for a "
+         "request of no tokens.", "request_bytes",
+         ("_no_state", "_state_per_token", "_state_before_the_first_token",
+          "_one_state_per_group")),
+    Rule("A block all of whose tokens are skipped goes back to the pool", "free_skipped_blocks",
+         ("_frees_partial_blocks",)),
+    Rule("no longer sees the first skipped_tokens(n, window) = max(0, n - window + 1) of them",
+         "free_skipped_blocks", ("_window_of_the_last_token",)),
+    Rule("its slot in the table keeps its place with the null block (block 0 of the pool, "
+         "never handed out), so that a logical block's index still names the same tokens",
+         "free_skipped_blocks", ("_shortens_the_table",)),
+    Rule("A slot that already holds the null block gives nothing back.", "free_skipped_blocks",
+         ("_frees_the_null_block",)),
+    Rule("it changes the table itself and returns the blocks it took out, in table order.",
+         "free_skipped_blocks", ("_new_table_not_the_given_one", "_returns_nothing")),
+    Rule("a sliding window reads only the window - 1 tokens before L: it needs the ceil((window "
+         "- 1) / block_size) blocks just before L cached", "sliding_window_hit",
+         ("_window_in_whole_blocks", "_window_rounded_up")),
+    Rule("found by reading right to left from the last whole block within max_length",
+         "sliding_window_hit", ("_reads_left_to_right", "_first_run_from_the_left")),
+    Rule("A run of cached blocks that reaches block 0 is a hit too, however short (nothing "
+         "before it is missing)", "sliding_window_hit", ("_no_short_run_from_block_0",)),
+    Rule("with a window of one token, nothing before L is needed.", "sliding_window_hit",
+         ("_no_case_for_a_window_of_one",)),
+    Rule("The longest prefix hit, in tokens", "sliding_window_hit", ("_hit_in_blocks",)),
+    Rule("a group's answer depends on the length it is asked about", "hybrid_hit",
+         ("_least_of_the_groups",)),
+    Rule("stop when a whole pass over the groups shortens it no more", "hybrid_hit",
+         ("_one_pass",)),
+    Rule("its last token is always computed, chapter 4's rule: at most the last whole block "
+         "before it", "hybrid_hit", ("_last_token_hit_too",)),
+    Rule("A hybrid model's hit must hold in every group", "hybrid_hit",
+         ("_full_attention_groups_only",)),
+    Rule("Before counting, each sliding-window group gives back the blocks its window left "
+         "behind once num_computed tokens are computed", "allocate_slots",
+         ("_never_frees_skipped_blocks", "_nulls_without_giving_back")),
+    Rule("the tokens being computed still need their windows, so nothing past that is freed.",
+         "allocate_slots", ("_frees_for_the_new_tokens",)),
+    Rule("All or none: a step that cannot have every group's blocks takes none",
+         "allocate_slots", ("_takes_what_fits", "_counts_each_group_alone")),
+    Rule("num_computed < 0 or num_new < 1: ValueError.", "allocate_slots",
+         ("_no_bad_step_check",)),
+    Rule("and return True.", "allocate_slots", ("_returns_none_when_made",)),
+]
