@@ -100,7 +100,8 @@ PARTS = {parts.slug: parts for parts in [
         "course.chunked_engine", "engine_step"), needs=(4, 6, 7)),
     Parts("10_hybrid_models", _all("course.hybrid_sizing", "request_bytes") | _all(
         "course.hybrid_cache", "free_skipped_blocks", "sliding_window_hit", "hybrid_hit") | _all(
-        "course.hybrid_manager:HybridBlockManager", "allocate_slots"),
+        "course.hybrid_manager:HybridBlockManager", "allocate_slots") | _all(
+        "kernels.sliding_window_attention", "sliding_window_kernel"),
         skeleton="course.hybrid_manager:HybridBlockManager", needs=(4, 6, 9)),
 ]}
 

@@ -25,6 +25,7 @@ import torch
 PAGED_SEED = 2026  # chapter 6's cases
 KERNEL_SEED = 2027  # chapter 7's
 VARLEN_SEED = 2031  # chapter 9's
+WINDOW_SEED = 2033  # chapter 10's
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -176,3 +177,34 @@ class VarlenCase(PagedCase):
         return (f"query lengths {self.q_lens}, seq_lens {self.lengths}, blocks of "
                 f"{self.block_size}, {self.q_heads} query heads over {self.kv_heads} KV heads, "
                 f"head_dim {self.head_dim}, {dtype_name(self.dtype)}")
+
+
+class WindowCase(KernelCase):
+    """A ``KernelCase`` whose decode queries see their sequence's last ``window`` tokens, as a
+    hybrid cache holds them: each table entry before the window's first block names the null
+    block (an unused block of NaN), the blocks a sliding-window group gave back."""
+
+    def __init__(self, lengths, block_size, q_heads, kv_heads, window, head_dim=16,
+                 dtype=torch.float32, seed=WINDOW_SEED):
+        super().__init__(lengths, block_size, q_heads, kv_heads, head_dim, dtype, seed)
+        self.window = window
+        used = {int(b) for seq in range(len(self.lengths)) for b in self.tables[seq].tolist()}
+        self.null_block = min(set(range(self.k_cache.shape[0])) - used - {self.decoy})
+        for seq in range(len(self.lengths)):
+            self.tables[seq, :self.first_block(seq)] = self.null_block
+
+    def first_block(self, seq: int) -> int:
+        """The table entry of the first block sequence ``seq``'s window reaches."""
+        return max(0, self.lengths[seq] - self.window) // self.block_size
+
+    def spec(self) -> dict:
+        return super().spec() | {"window": self.window}
+
+    def arguments(self) -> tuple:
+        """query, k_cache, v_cache, block_tables, seq_lens, window, scale: the arguments of
+        ``kernels.sliding_window_attention``."""
+        return (self.query, self.k_cache, self.v_cache, self.tables, self.seq_lens,
+                self.window, self.scale)
+
+    def describe(self) -> str:
+        return super().describe() + f", a window of {self.window} tokens"

@@ -14,11 +14,15 @@ kernel's block loop starts at the window's first block, and never reads a null s
 
 Otherwise this is chapter 7's program (one per sequence and KV head, the query heads of a
 group together, an online softmax over the blocks). Import after ``course.setup()``.
+
+The kernel's answer is its body between ``### BEGIN SOLUTION`` and ``### END SOLUTION``:
+chapter 10's notebook renders its cell from it, and a learner edition replaces it with a stub.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import triton
@@ -40,9 +44,15 @@ def sliding_window_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
 ):
-    """Decode attention of one sequence's query heads that share one KV head, over the last
-    ``window`` of its ``seq_len`` tokens (all of them when fewer): the blocks before the
-    window's first one are never read, and a sequence of length 0 gets zeros."""
+    """Decode attention of sequence ``tl.program_id(0)``'s query heads that share KV head
+    ``tl.program_id(1)`` (rows ``kv_head * GROUP`` on, padded to ``GROUP_PAD``; the head
+    padded to ``HEAD_PAD``, masked), over the last ``window`` of its ``seq_len`` tokens:
+    positions ``first = max(seq_len - window, 0)`` to ``seq_len - 1``. The block loop starts at
+    the window's first block, ``first // BLOCK_SIZE``: the table entries before it (the null
+    block) are never read, and a position before ``first`` in that block is masked out. An
+    online softmax over the blocks, in fp32, as chapter 7's; a sequence of length 0 gets
+    zeros; only the ``GROUP`` real rows are stored."""
+    ### BEGIN SOLUTION
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, GROUP_PAD)
@@ -82,6 +92,7 @@ def sliding_window_kernel(
 
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    ### END SOLUTION
 
 
 def check_window(window: int) -> None:
@@ -94,20 +105,21 @@ def check_window(window: int) -> None:
 
 def sliding_window_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, seq_lens: torch.Tensor, window: int,
-                             scale: float) -> torch.Tensor:
+                             scale: float, kernel: Callable | None = None) -> torch.Tensor:
     """Decode attention over the last ``window`` tokens of each sequence of a paged cache
     (shapes and rules as chapter 7's ``validate_inputs``, and ``window`` an int >= 1), in the
-    query's dtype; a sequence of length 0 gets zeros. Table slots before the window's first
-    block are never read: they hold the null block (or any block of the pool)."""
+    query's dtype, by ``kernel`` (``sliding_window_kernel`` unless given); a sequence of length
+    0 gets zeros. Table slots before the window's first block are never read: they hold the
+    null block (or any block of the pool)."""
     check_window(window)
     validate_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale)
     if query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
         # the interpreter has no bf16 arithmetic: compute in fp32, return bf16
         return sliding_window_attention(query.float(), k_cache.float(), v_cache.float(),
-                                        block_tables, seq_lens, window, scale
+                                        block_tables, seq_lens, window, scale, kernel
                                         ).to(torch.bfloat16)
-    return launch(sliding_window_kernel, query, k_cache, v_cache, block_tables, seq_lens,
-                  scale, window)
+    return launch(kernel or sliding_window_kernel, query, k_cache, v_cache, block_tables,
+                  seq_lens, scale, window)
 
 
 def sliding_window_reference(query: torch.Tensor, k_cache: torch.Tensor,

@@ -80,6 +80,10 @@ def _table_finding(audit: MemoryAudit, case: KernelCase, allowed: Callable, who:
             if r == row and first <= c < stop:
                 continue
             length = case.lengths[row]
+            if r == row and c < first:
+                return (f"{who(access.program)} read block_tables[{r}, {c}], before the "
+                        f"entries it needs ({first} to {stop - 1}): the query of sequence {r} "
+                        "never reads those blocks, whose entries may name the null block")
             if r != row:
                 return (f"{who(access.program)} read block_tables[{r}, {c}], in sequence {r}'s "
                         f"row: sequence {row}'s row starts {row} x stride_table_seq entries in")
@@ -109,9 +113,11 @@ def _stray_finding(audit: MemoryAudit, case: PagedCase, who: Callable,
     return ""
 
 
-def decode_audit(audit: MemoryAudit, case: KernelCase, out, per_query_head: bool
-                 ) -> Callable[[], str]:
-    """What the interpreter saw a decode kernel do wrong, as a hint ('' if nothing)."""
+def decode_audit(audit: MemoryAudit, case: KernelCase, out, per_query_head: bool,
+                 first_block: Callable[[int], int] = lambda seq: 0) -> Callable[[], str]:
+    """What the interpreter saw a decode kernel do wrong, as a hint ('' if nothing); a
+    sequence's table entries before ``first_block(seq)`` are not its to read (a sliding
+    window's)."""
     def seen() -> str:
         if not audit.active or not isinstance(out, torch.Tensor) or \
                 out.shape != case.query.shape or not out.is_contiguous():
@@ -127,7 +133,8 @@ def decode_audit(audit: MemoryAudit, case: KernelCase, out, per_query_head: bool
             return (seq == program[0]) & (head >= first) & (head < first + count)
 
         return (store_finding(audit, out, owns, who, "out", group, case.head_dim)
-                or _table_finding(audit, case, lambda p: (p[0], 0, case.blocks(p[0])), who)
+                or _table_finding(audit, case,
+                                  lambda p: (p[0], first_block(p[0]), case.blocks(p[0])), who)
                 or _stray_finding(audit, case, who, {"out": out}))
     return seen
 

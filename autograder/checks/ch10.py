@@ -14,12 +14,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from autograder.checks._contract import INT, LIST_OF_INTS, Promise, Raises, expect_cases
-from autograder.checks._helpers import describe_call
+from autograder.checks._helpers import describe_call, learner_call
+from autograder.checks._memory_audit import MemoryAudit
+from autograder.checks._tensors import expect_attention_output
+from autograder.checks.ch07_audit import decode_audit, quiet
 from autograder.private import private, visible
 from course.hybrid_cache import NULL_BLOCK
 from course.hybrid_manager import HybridBlockManager
 from course.hybrid_models import FULL, HYBRID_MODELS, SLIDING, STATE, HybridModel, LayerGroup
+from course.paged_cases import WindowCase, on_gpu
+from kernels.paged_attention import launch
 
 BYTES_IDEA = ("A request holds, in each group: every token under full attention, at most the "
               "window's last tokens under a sliding window, and one state per layer from the "
@@ -38,6 +45,12 @@ HYBRID_HIT_IDEA = ("The hit is the longest length every group accepts at that le
 ALLOCATE_IDEA = ("First each sliding-window group gives back the blocks its window left behind "
                  "once num_computed tokens are computed; then every group's new blocks are "
                  "taken together, or none of them (False).")
+WINDOW_KERNEL_IDEA = ("The decode query of a sequence of seq_len tokens sees positions "
+                      "first = max(seq_len - window, 0) to seq_len - 1: the block loop starts "
+                      "at first // BLOCK_SIZE, masks the positions before first and from "
+                      "seq_len on, and keeps chapter 7's online softmax.")
+WINDOW_NAN = ("NaN: the kernel read a slot no token was written to (the null block before "
+              "the window, or a slot past seq_len). ")
 BAD_STEP_IDEA = ("A step computes at least one new token after those computed: "
                  "num_computed < 0 or num_new < 1 is a ValueError.")
 
@@ -231,3 +244,66 @@ def check_allocate_slots(subject: Callable) -> None:
     windows, block_size, num_blocks, steps = ALLOCATION
     expected = private("10").allocation_outcomes(windows, block_size, num_blocks, steps)
     run_steps("allocate_slots", subject, windows, block_size, num_blocks, steps, expected)
+
+
+# --- sliding_window_kernel --------------------------------------------------------------------
+
+_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
+    tolerance = 2e-3 if dtype == torch.float32 and on_gpu() else _TOLERANCE[dtype]  # tf32 dots
+    return torch.allclose(got.double().cpu(), want.double().cpu(), atol=tolerance,
+                          rtol=tolerance)
+
+
+def run_window_kernel(fn: Callable, case: WindowCase, answers: dict) -> None:
+    """The kernel through chapter 7's launcher, watched by the interpreter's audit; its output
+    against ``answers["want"]``, a wrong sequence matched against the known mistakes'
+    outputs in ``answers``; then what each program read and wrote."""
+    query, k_cache, v_cache, tables, seq_lens, window, scale = case.arguments()
+    with MemoryAudit() as audit, quiet():
+        out = learner_call("sliding_window_kernel", launch, fn, query, k_cache, v_cache, tables,
+                           seq_lens, scale, window)
+    seen = decode_audit(audit, case, out, per_query_head=False,
+                        first_block=case.first_block)()
+    call = "sliding_window_kernel(...)"
+    expect_attention_output(out, call, case.describe(), case.query, idea=WINDOW_KERNEL_IDEA)
+    want = answers["want"]
+    bad = [seq for seq in range(len(case.lengths))
+           if out[seq].isnan().any() or not _close(out[seq], want[seq], case.dtype)]
+    if bad:
+        seq, length = bad[0], case.lengths[bad[0]]
+        known = [text for key, text in answers["mistakes"].items()
+                 if answers[key] is not None and _close(out[seq], answers[key][seq], case.dtype)]
+        why = known[0] if known else WINDOW_NAN if out[seq].isnan().any() else ""
+        first = max(length - case.window, 0)
+        difference = float((out[seq].double().cpu() - want[seq].double()).abs().max())
+        raise AssertionError(
+            f"{call} on {case.describe()}: sequence {seq} (seq_len {length}, so positions "
+            f"{first} to {length - 1}) is wrong, largest difference {difference:.2g}. "
+            + why + WINDOW_KERNEL_IDEA
+            + (f" The interpreter also saw this: {seen}." if seen else ""))
+    if seen:
+        raise AssertionError(f"{call} on {case.describe()}: the output is right, but {seen}. "
+                             + WINDOW_KERNEL_IDEA)
+
+
+WINDOW_CASE = dict(lengths=[14, 6, 3, 0, 17], block_size=4, q_heads=6, kv_heads=2, window=6,
+                   head_dim=12)
+
+
+def window_case(**spec: Any) -> tuple[WindowCase, dict]:
+    """The case ``spec`` describes, on the kernels' device, and its answers (asked first)."""
+    case = WindowCase(**spec)
+    return case, private("10").window_answers(**case.spec())
+
+
+@visible
+def check_sliding_window_kernel(fn: Callable) -> None:
+    """Window 6, blocks of 4, 6 query heads over 2 KV heads (groups of 3, padded to 4),
+    head_dim 12 (padded to 16): sequences of 14 (two null blocks before the window), 6
+    (exactly the window), 3 (shorter), 0 (zeros) and 17 (the window starts inside a block)
+    tokens."""
+    case, answers = window_case(**WINDOW_CASE)
+    run_window_kernel(fn, case, answers)

@@ -10,6 +10,7 @@ import random
 import types
 from collections.abc import Callable
 
+import torch
 from hypothesis import strategies as st
 
 from autograder.checks._contract import INT, Raises, expect_cases
@@ -20,17 +21,21 @@ from autograder.checks.ch10 import (
     FREED_AND_TABLE,
     HYBRID_HIT_IDEA,
     SLIDING_HIT_IDEA,
+    WINDOW_CASE,
     _bytes,
     _free,
     _hybrid,
     _sliding,
     freeing,
     run_steps,
+    run_window_kernel,
+    window_case,
 )
 from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
 from course import hybrid_cache
 from course.hybrid_models import FULL, SLIDING, STATE, HybridModel, LayerGroup
+from course.paged_cases import WindowCase, on_gpu
 
 SEED = 2026  # random cases are seeded: grading a notebook twice gives the same score
 
@@ -482,3 +487,75 @@ def check_allocate_slots_thoroughly(subject: Callable) -> None:
     else:
         one_bug_one_todo_of_function(check, subject,
                                      {"free_skipped_blocks": hybrid_cache.free_skipped_blocks})
+
+
+# --- sliding_window_kernel --------------------------------------------------------------------
+
+_WINDOW_MISTAKES = {
+    "whole": "It attends to every earlier token: the query sees only the last window tokens, "
+             "so mask the positions before max(seq_len - window, 0), in the window's first "
+             "block too. ",
+    "short": "Off by one: the window holds window tokens, the query's own included: positions "
+             "seq_len - window to seq_len - 1. ",
+    "long": "Off by one: the window holds window tokens, the query's own included: positions "
+            "seq_len - window to seq_len - 1. ",
+}
+
+
+def window_answers(lengths, block_size, q_heads, kv_heads, window, head_dim, dtype,
+                   seed) -> dict:
+    """The case's output, sequence by sequence over the keys of the positions its window
+    sees (float64, from the keys as written, not through the table), and what each known
+    mistake gives (None where it agrees with the right answer)."""
+    case = WindowCase(lengths, block_size, q_heads, kv_heads, window, head_dim, dtype, seed)
+    group = q_heads // kv_heads
+    seen = {"want": window, "whole": None, "short": window - 1, "long": window + 1}
+    answers: dict = {"mistakes": _WINDOW_MISTAKES}
+    for kind, width in seen.items():
+        rows = []
+        for seq, length in enumerate(lengths):
+            first = 0 if width is None else max(0, length - width)
+            keys, values = case.keys[seq][first:].double(), case.values[seq][first:].double()
+            query = case.query[seq].double().cpu()
+            row = torch.zeros(q_heads, head_dim, dtype=torch.float64)
+            for head in range(q_heads if length else 0):
+                weights = torch.softmax(keys[:, head // group] @ query[head] * case.scale, 0)
+                row[head] = weights @ values[:, head // group]
+            rows.append(row)
+        answers[kind] = torch.stack(rows).to(case.dtype)
+    for kind in _WINDOW_MISTAKES:
+        if torch.equal(answers[kind], answers["want"]):
+            answers[kind] = None
+    return answers
+
+
+_WINDOW_CASES = [
+    dict(lengths=[1, 2, 5, 9], block_size=1, q_heads=2, kv_heads=2, window=3, head_dim=8),
+    dict(lengths=[20, 7, 33], block_size=4, q_heads=4, kv_heads=1, window=1, head_dim=24),
+    dict(lengths=[40, 17, 16, 0], block_size=16, q_heads=8, kv_heads=2, window=16,
+         head_dim=16),
+    dict(lengths=[30, 31, 29], block_size=2, q_heads=6, kv_heads=3, window=9, head_dim=20,
+         dtype="float16"),
+    dict(lengths=[50, 3], block_size=8, q_heads=4, kv_heads=4, window=100, head_dim=32),
+    dict(lengths=[26, 13], block_size=4, q_heads=4, kv_heads=2, window=7, head_dim=12,
+         dtype="float16"),
+]
+_GPU_CASES = [  # bf16 (the interpreter has no bf16 arithmetic), and production shapes:
+    # gpt-oss's sliding layers (window 128, head_dim 64, GQA 8), Gemma 3's (window 1024)
+    dict(lengths=[26, 13], block_size=4, q_heads=4, kv_heads=2, window=7, head_dim=12,
+         dtype="bfloat16"),
+    dict(lengths=[4096, 130, 127, 1], block_size=16, q_heads=64, kv_heads=8, window=128,
+         head_dim=64, dtype="bfloat16"),
+    dict(lengths=[2048, 1500], block_size=16, q_heads=32, kv_heads=16, window=1024,
+         head_dim=128, dtype="float16"),
+]
+
+
+@thorough
+def check_sliding_window_kernel_thoroughly(fn: Callable) -> None:
+    """Blocks of 1, windows of 1 and past every length, MQA and GQA, head sizes 8 to 32, fp16,
+    lengths on either side of a block and a window; on a GPU, bf16 and gpt-oss's and Gemma
+    3's sliding-layer shapes too."""
+    for spec in [WINDOW_CASE, *_WINDOW_CASES, *(_GPU_CASES if on_gpu() else [])]:
+        case, answers = window_case(**spec)
+        run_window_kernel(fn, case, answers)

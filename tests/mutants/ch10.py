@@ -3,6 +3,14 @@
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
+import inspect
+import shutil
+import tempfile
+import textwrap
+from pathlib import Path
+
 from course.hybrid_cache import NULL_BLOCK, full_attention_hit, skipped_tokens
 from course.hybrid_models import FULL, STATE
 from course.hybrid_sizing import group_bytes_per_token
@@ -269,6 +277,56 @@ _no_bad_step_check = _named("_no_bad_step_check", _allocation(validate=False))
 _returns_none_when_made = _named("_returns_none_when_made", _allocation(returns=False))
 
 
+# --- sliding_window_kernel --------------------------------------------------------------------
+
+_FOLDER = Path(tempfile.mkdtemp(prefix="ch10-mutants-"))
+atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)  # once no kernel runs
+
+
+def _mutant(name: str, old: str, new: str):
+    """The course's kernel with ``old`` (once in its source) replaced by ``new``, renamed
+    ``name`` (Triton compiles from a source file, so each mutant is written to one)."""
+    from kernels.sliding_window_attention import sliding_window_kernel as kernel
+
+    source = textwrap.dedent(inspect.getsource(kernel.fn))
+    assert source.count(old) == 1, f"{old!r} is not in the kernel exactly once"
+    source = source.replace(old, new).replace("def sliding_window_kernel(", f"def {name}(")
+    path = _FOLDER / f"{name}.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n" + source)
+    spec = importlib.util.spec_from_file_location(f"ch10_mutants.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+_FIRST = "first = tl.maximum(seq_len - window, 0)"
+_LOOP = "range(first // BLOCK_SIZE, tl.cdiv(seq_len, BLOCK_SIZE))"
+_VALID = "valid = (positions >= first) & (positions < seq_len)"
+
+
+def _kernels() -> list:
+    return [
+        (_mutant("loops_from_block_0", _LOOP, "range(0, tl.cdiv(seq_len, BLOCK_SIZE))"),
+         "before the entries it needs"),
+        (_mutant("no_mask_before_the_window", _VALID, "valid = positions < seq_len"),
+         "masks the positions before first"),
+        (_mutant("every_earlier_token", _FIRST, "first = seq_len * 0"),
+         "NaN: the kernel read a slot no token was written to"),
+        (_mutant("window_one_short", _FIRST, "first = tl.maximum(seq_len - window + 1, 0)"),
+         "Off by one"),
+        (_mutant("window_one_long", _FIRST, "first = tl.maximum(seq_len - window - 1, 0)"),
+         "before the entries it needs"),
+        (_mutant("no_zeros_for_an_empty_sequence",
+                 "out = acc / tl.where(total > 0, total, 1.0)[:, None]",
+                 "out = acc / total[:, None]"),
+         "NaN"),
+        (_mutant("stores_the_padded_rows",
+                 "out.to(out_ptr.dtype.element_ty), mask=q_mask)",
+                 "out.to(out_ptr.dtype.element_ty), mask=in_head[None, :])"),
+         "belongs to another program"),
+    ]
+
+
 MUTANTS = {
     "request_bytes": [
         (_sliding_as_full, "its cost stops growing at the window"),
@@ -310,6 +368,7 @@ MUTANTS = {
         (_no_bad_step_check, "expected it to raise ValueError"),
         (_returns_none_when_made, "returned None, expected True"),
     ],
+    "sliding_window_kernel": _kernels(),
 }
 
 RULES = [
@@ -360,4 +419,16 @@ RULES = [
     Rule("num_computed < 0 or num_new < 1: ValueError.", "allocate_slots",
          ("_no_bad_step_check",)),
     Rule("and return True.", "allocate_slots", ("_returns_none_when_made",)),
+    Rule("It sees positions first = max(seq_len - window, 0) to seq_len - 1",
+         "sliding_window_kernel",
+         ("every_earlier_token", "window_one_short", "window_one_long")),
+    Rule("the block loop starts at the window's first block, first // BLOCK_SIZE, so a table "
+         "entry before it (the null block) is never read", "sliding_window_kernel",
+         ("loops_from_block_0",)),
+    Rule("in that first block the positions before first are masked out",
+         "sliding_window_kernel", ("no_mask_before_the_window",)),
+    Rule("a sequence of length 0 gets zeros", "sliding_window_kernel",
+         ("no_zeros_for_an_empty_sequence",)),
+    Rule("only the GROUP real rows of a program's tile are stored", "sliding_window_kernel",
+         ("stores_the_padded_rows",)),
 ]
