@@ -42,24 +42,33 @@ def bytes_series(request_bytes: RequestBytes, models: Sequence[HybridModel],
 
 
 def hit_rate_rows(workloads: dict[str, list], window: int, block_size: int,
-                  pools: Sequence[int]) -> list[tuple[str, int, float, float]]:
+                  pools: Sequence[int], allocate_slots: Callable | None = None,
+                  hybrid_hit: Callable | None = None) -> list[tuple[str, int, float, float]]:
     """(workload, blocks in the pool, hit rate all full attention, hit rate with a sliding
-    window of ``window`` tokens in half the layers) for each workload and pool size."""
+    window of ``window`` tokens in half the layers) for each workload and pool size, through
+    a prefix cache that allocates with ``allocate_slots`` and finds each hit with
+    ``hybrid_hit`` (the course's where not given)."""
+    cache = learners_manager(HybridPrefixCache, allocate_slots, hybrid_hit)
     rows = []
     for name, requests in workloads.items():
         for pool in pools:
-            full = serve_hybrid(requests, [None, None], block_size, pool)
-            hybrid = serve_hybrid(requests, [window, None], block_size, pool)
+            full = serve_hybrid(requests, [None, None], block_size, pool, manager_class=cache)
+            hybrid = serve_hybrid(requests, [window, None], block_size, pool,
+                                  manager_class=cache)
             rows.append((name, pool, full.hit_rate, hybrid.hit_rate))
     return rows
 
 
-def with_allocate_slots(manager_class: type[HybridBlockManager],
-                        allocate_slots: Callable) -> type[HybridBlockManager]:
-    """``manager_class`` with ``allocate_slots`` as its method (a prefix cache on top of a
-    learner's allocation)."""
-    return type(f"{manager_class.__name__}WithYours", (manager_class,),
-                {"allocate_slots": allocate_slots})
+def learners_manager(manager_class: type[HybridBlockManager], allocate_slots: Callable | None
+                     = None, hybrid_hit: Callable | None = None) -> type[HybridBlockManager]:
+    """``manager_class`` with a learner's ``allocate_slots`` as its method and, for a prefix
+    cache, a learner's ``hybrid_hit`` finding its hits (each only where given)."""
+    own: dict = {}
+    if allocate_slots is not None:
+        own["allocate_slots"] = allocate_slots
+    if hybrid_hit is not None:
+        own["find_hit"] = staticmethod(hybrid_hit)
+    return type(manager_class.__name__, (manager_class,), own)
 
 
 def shared_prefix_requests(seed: int, count: int, prefix: int = 12) -> list[HybridRequest]:
@@ -71,16 +80,17 @@ def shared_prefix_requests(seed: int, count: int, prefix: int = 12) -> list[Hybr
                           rng.randint(1, 8)) for i in range(count)]
 
 
-def equality_row(model: TinyModel, allocate_slots: Callable, block_size: int, num_blocks: int,
-                 budget: int, prefix_caching: bool, count: int = 8) -> dict:
+def equality_row(model: TinyModel, allocate_slots: Callable, hybrid_hit: Callable,
+                 block_size: int, num_blocks: int, budget: int, prefix_caching: bool,
+                 count: int = 8) -> dict:
     """Serve ``count`` requests (half of them sharing a prefix) through a ``HybridEngine``
-    whose manager allocates with ``allocate_slots``; compare each with contiguous generation
-    under the same windows: requests identical, preemptions, hit tokens, and the largest
-    logit difference."""
+    whose manager allocates with ``allocate_slots`` (and, caching prefixes, finds its hits
+    with ``hybrid_hit``); compare each with contiguous generation under the same windows:
+    requests identical, preemptions, hit tokens, and the largest logit difference."""
     base = HybridPrefixCache if prefix_caching else HybridBlockManager
     engine = HybridEngine(model, num_blocks, block_size, prefix_caching=prefix_caching,
                           max_num_batched_tokens=budget,
-                          manager_class=with_allocate_slots(base, allocate_slots))
+                          manager_class=learners_manager(base, allocate_slots, hybrid_hit))
     served = serve(engine, shared_prefix_requests(seed=num_blocks, count=count))
     identical, largest = 0, 0.0
     for request in served:

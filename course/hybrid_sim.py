@@ -34,13 +34,16 @@ class HybridCacheReport:
 
 
 def serve_hybrid(requests: list[PrefixRequest], windows: Sequence[int | None], block_size: int,
-                 num_blocks: int, max_running: int = 16) -> HybridCacheReport:
+                 num_blocks: int, max_running: int = 16,
+                 manager_class: type[HybridPrefixCache] = HybridPrefixCache
+                 ) -> HybridCacheReport:
     """Run ``requests`` in order, at most ``max_running`` at a time: each starts from its
     prefix hit and computes the rest of its prompt in one step, then one output token per
     step; a request waits for the one it follows and for room in the pool (first come, first
     served); where a step finds no room, its newest request is preempted (freed, to start
-    again from its hit)."""
-    manager = HybridPrefixCache(num_blocks, block_size, windows)
+    again from its hit). ``manager_class``: the prefix cache (a learner's hit or allocation in
+    a subclass)."""
+    manager = manager_class(num_blocks, block_size, windows)
     waiting = list(range(len(requests)))
     computed: dict[int, int] = {}  # running request -> tokens computed
     done: set[int] = set()
