@@ -186,9 +186,11 @@ def run_steps(name: str, subject: Callable, windows: tuple, block_size: int, num
 
 @visible
 def check_request_bytes(fn: Callable) -> None:
-    """The small model of three groups at 0, 5, 8 and 20 tokens; gpt-oss-120b at 8,192."""
+    """The small model of three groups at 0, 5, 8 and 20 tokens; gpt-oss-120b and Qwen3-Next
+    (36 state layers) at 8,192."""
     cases = [_bytes(SMALL, n) for n in (5, 8, 20, 0)]
-    cases.append(_bytes(HYBRID_MODELS["gpt-oss-120b"], 8192))
+    cases += [_bytes(HYBRID_MODELS[name], 8192) for name in ("gpt-oss-120b",
+                                                            "Qwen3-Next-80B-A3B")]
     expect_cases(fn, cases, private("10").request_bytes_case, BYTES_IDEA)
 
 

@@ -8,14 +8,6 @@ own (the reference's source with one edit) and imported from there.
 
 from __future__ import annotations
 
-import atexit
-import importlib.util
-import inspect
-import shutil
-import tempfile
-import textwrap
-from pathlib import Path
-
 import torch
 
 from course.paged_cases import on_gpu
@@ -23,24 +15,7 @@ from kernels import paged_attention as final
 from kernels import paged_attention_steps as steps
 from kernels import split_kv
 from kernels.split_kv import run_split_kv
-from mutants import Rule
-
-_FOLDER = Path(tempfile.mkdtemp(prefix="ch07-mutants-"))
-atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)  # once no kernel runs
-
-
-def _mutant(kernel, name: str, old: str, new: str, times: int = 1):
-    """``kernel`` with ``old`` (which must occur ``times`` times) replaced by ``new``, renamed
-    ``name``."""
-    source = textwrap.dedent(inspect.getsource(kernel.fn))
-    assert source.count(old) == times, f"{old!r} is not in {kernel.__name__} {times} time(s)"
-    source = source.replace(old, new).replace(f"def {kernel.__name__}(", f"def {name}(")
-    path = _FOLDER / f"{name}.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n\n" + source)
-    spec = importlib.util.spec_from_file_location(f"ch07_mutants.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+from mutants import Rule, kernel_mutant
 
 
 def _skips_validation(query, k_cache, v_cache, block_tables, seq_lens, scale, num_splits=None,
@@ -218,122 +193,124 @@ _BLOCK = "block = tl.load(block_tables_ptr + seq * stride_table_seq + index).to(
 
 MUTANTS = {
     "one_block_kernel": [
-        (_mutant(steps.one_block_kernel, "no_scale", "axis=1) * scale", "axis=1)"),
+        (kernel_mutant(steps.one_block_kernel, "no_scale", "axis=1) * scale", "axis=1)"),
          "without the scale"),
-        (_mutant(steps.one_block_kernel, "head_padding_stored",
+        (kernel_mutant(steps.one_block_kernel, "head_padding_stored",
                  "out.to(out_ptr.dtype.element_ty), mask=in_head)",
                  "out.to(out_ptr.dtype.element_ty))"), "columns past HEAD_DIM"),
-        (_mutant(steps.one_block_kernel, "one_block_kv_head_modulo", "kv_head = head // GROUP",
-                 "kv_head = head % (tl.num_programs(1) // GROUP)"), "h % num_kv_heads"),
-        (_mutant(steps.one_block_kernel, "one_block_row_stride_missing",
+        (kernel_mutant(steps.one_block_kernel, "one_block_kv_head_modulo",
+                       "kv_head = head // GROUP", "kv_head = head % (tl.num_programs(1) // GROUP)"),
+         "h % num_kv_heads"),
+        (kernel_mutant(steps.one_block_kernel, "one_block_row_stride_missing",
                  "block_tables_ptr + seq * stride_table_seq", "block_tables_ptr + seq"),
          "stride_table_seq entries in"),
-        (_mutant(steps.one_block_kernel, "float16_arithmetic", ".to(tl.float32)", "", times=3),
+        (kernel_mutant(steps.one_block_kernel, "float16_arithmetic", ".to(tl.float32)", "",
+                       times=3),
          "float16 arithmetic keeps about three significant digits"),
-        (_mutant(steps.one_block_kernel, "max_not_subtracted",
+        (kernel_mutant(steps.one_block_kernel, "max_not_subtracted",
                  "tl.exp(scores - tl.max(scores, axis=0))", "tl.exp(scores)"),
          "unless the largest score is subtracted first"),
     ],
     "block_loop_kernel": [
-        (_mutant(steps.block_loop_kernel, "loop_without_rescaling",
+        (kernel_mutant(steps.block_loop_kernel, "loop_without_rescaling",
                  "acc = acc * rescale +", "acc = acc +"), "rescales the running sum but not"),
-        (_mutant(steps.block_loop_kernel, "loop_row_stride_missing",
+        (kernel_mutant(steps.block_loop_kernel, "loop_row_stride_missing",
                  "block_tables_ptr + seq * stride_table_seq + index",
                  "block_tables_ptr + index"), "sequence 0's blocks"),
-        (_mutant(steps.block_loop_kernel, "loop_one_short",
+        (kernel_mutant(steps.block_loop_kernel, "loop_one_short",
                  "range(0, seq_len // BLOCK_SIZE)", "range(0, seq_len // BLOCK_SIZE - 1)"),
          "runs one block short"),
-        (_mutant(steps.block_loop_kernel, "loop_one_too_many",
+        (kernel_mutant(steps.block_loop_kernel, "loop_one_too_many",
                  "range(0, seq_len // BLOCK_SIZE)", "range(0, seq_len // BLOCK_SIZE + 1)"),
          "one block too many"),
-        (_mutant(steps.block_loop_kernel, "running_max_from_zero", 'm = float("-inf")',
+        (kernel_mutant(steps.block_loop_kernel, "running_max_from_zero", 'm = float("-inf")',
                  "m = 0.0"), "the running max starts at -inf, not 0"),
-        (_mutant(steps.block_loop_kernel, "physical_blocks", "kv_offsets = (block *",
+        (kernel_mutant(steps.block_loop_kernel, "physical_blocks", "kv_offsets = (block *",
                  "kv_offsets = (index *"), "physical block j"),
     ],
     "gqa_kernel": [
-        (_mutant(steps.gqa_kernel, "heads_interleaved", "heads = kv_head * GROUP + rows",
+        (kernel_mutant(steps.gqa_kernel, "heads_interleaved", "heads = kv_head * GROUP + rows",
                  "heads = kv_head + rows * tl.num_programs(1)"), "h % num_kv_heads"),
-        (_mutant(steps.gqa_kernel, "gqa_group_masked_by_all_heads", "real = rows < GROUP",
+        (kernel_mutant(steps.gqa_kernel, "gqa_group_masked_by_all_heads", "real = rows < GROUP",
                  "real = heads < GROUP * tl.num_programs(1)"), "padding rows past GROUP"),
     ],
     "paged_attention_kernel": [
-        (_mutant(final.paged_attention_kernel, "tail_not_masked",
+        (kernel_mutant(final.paged_attention_kernel, "tail_not_masked",
                  "kv_mask = valid[:, None] & in_head[None, :]", "kv_mask = in_head[None, :]"),
          "NaN x 0 is still NaN"),
-        (_mutant(final.paged_attention_kernel, "no_online_rescaling",
+        (kernel_mutant(final.paged_attention_kernel, "no_online_rescaling",
                  "total = total * rescale +", "total = total +"),
          "rescales the accumulator but not the running sum"),
-        (_mutant(final.paged_attention_kernel, "query_heads_strided",
+        (kernel_mutant(final.paged_attention_kernel, "query_heads_strided",
                  "heads = kv_head * GROUP + rows", "heads = kv_head + rows * tl.num_programs(1)"),
          "h % num_kv_heads"),
-        (_mutant(final.paged_attention_kernel, "table_row_stride_missing",
+        (kernel_mutant(final.paged_attention_kernel, "table_row_stride_missing",
                  "block_tables_ptr + seq * stride_table_seq + index",
                  "block_tables_ptr + index"), "sequence 0's blocks"),
-        (_mutant(final.paged_attention_kernel, "one_block_short", _LOOP,
+        (kernel_mutant(final.paged_attention_kernel, "one_block_short", _LOOP,
                  "for index in range(0, tl.cdiv(seq_len, BLOCK_SIZE) - 1):"),
          "runs one block short"),
-        (_mutant(final.paged_attention_kernel, "one_block_too_many", _LOOP,
+        (kernel_mutant(final.paged_attention_kernel, "one_block_too_many", _LOOP,
                  "for index in range(0, tl.cdiv(seq_len, BLOCK_SIZE) + 1):"),
          "outside the entries it needs"),
-        (_mutant(final.paged_attention_kernel, "tail_dropped", _LOOP,
+        (kernel_mutant(final.paged_attention_kernel, "tail_dropped", _LOOP,
                  "for index in range(0, seq_len // BLOCK_SIZE):"), "whole blocks only"),
-        (_mutant(final.paged_attention_kernel, "group_masked_by_all_heads",
+        (kernel_mutant(final.paged_attention_kernel, "group_masked_by_all_heads",
                  "real = rows < GROUP", "real = heads < GROUP * tl.num_programs(1)"),
          "padding rows past GROUP"),
-        (_mutant(final.paged_attention_kernel, "empty_sequence_nan",
+        (kernel_mutant(final.paged_attention_kernel, "empty_sequence_nan",
                  "out = acc / tl.where(total > 0, total, 1.0)[:, None]",
                  "out = acc / total[:, None]"), "has length 0 and got NaN"),
-        (_mutant(final.paged_attention_kernel, "block_id_int32", _BLOCK,
+        (kernel_mutant(final.paged_attention_kernel, "block_id_int32", _BLOCK,
                  "block = tl.load(block_tables_ptr + seq * stride_table_seq + index)"),
          "wraps once the pool holds more than 2^31 elements"),
-        (_mutant(final.paged_attention_kernel, "tail_scores_not_masked",
+        (kernel_mutant(final.paged_attention_kernel, "tail_scores_not_masked",
                  'scores = tl.where(valid[None, :], scores, float("-inf"))', ""),
          "is off by up to"),
-        (_mutant(final.paged_attention_kernel, "rows_unmasked", "real = rows < GROUP",
+        (kernel_mutant(final.paged_attention_kernel, "rows_unmasked", "real = rows < GROUP",
                  "real = rows < GROUP_PAD"), "padding rows past GROUP"),
-        (_mutant(final.paged_attention_kernel, "pool_assumed_contiguous",
+        (kernel_mutant(final.paged_attention_kernel, "pool_assumed_contiguous",
                  "block * stride_kv_block", "block * BLOCK_SIZE * stride_kv_token"),
          "address the caches with the strides the kernel is given"),
     ],
     "split_kv_kernel": [
-        (_mutant(split_kv.split_kv_kernel, "split_not_clipped",
+        (kernel_mutant(split_kv.split_kv_kernel, "split_not_clipped",
                  "last = tl.minimum(first + blocks_per_split, tl.cdiv(seq_len, BLOCK_SIZE))",
                  "last = tl.minimum(first + blocks_per_split, seq_len // BLOCK_SIZE + 1)"),
          "outside the entries it needs"),
-        (_mutant(split_kv.split_kv_kernel, "split_normalised",
+        (kernel_mutant(split_kv.split_kv_kernel, "split_normalised",
                  "tl.store(acc_ptr + partial[:, None] * HEAD_DIM + dims[None, :], acc,",
                  "tl.store(acc_ptr + partial[:, None] * HEAD_DIM + dims[None, :], "
                  "acc / total[:, None],"), "acc is stored undivided"),
-        (_mutant(split_kv.split_kv_kernel, "split_stores_nothing_when_empty",
+        (kernel_mutant(split_kv.split_kv_kernel, "split_stores_nothing_when_empty",
                  "tl.store(max_ptr + partial, m, mask=real)",
                  "if first < last:  # a split with no block stores nothing\n"
                  "        tl.store(max_ptr + partial, m, mask=real)"),
          "an empty range still stores its partial"),
-        (_mutant(split_kv.split_kv_kernel, "split_ranges_overlap",
+        (kernel_mutant(split_kv.split_kv_kernel, "split_ranges_overlap",
                  "last = tl.minimum(first + blocks_per_split,",
                  "last = tl.minimum(first + blocks_per_split + 1,"),
          "outside the entries it needs"),
-        (_mutant(split_kv.split_kv_kernel, "split_heads_miscounted",
+        (kernel_mutant(split_kv.split_kv_kernel, "split_heads_miscounted",
                  "num_q_heads = tl.num_programs(1) * GROUP", "num_q_heads = tl.num_programs(1)"),
          "belongs to another program"),
-        (_mutant(split_kv.split_kv_kernel, "split_acc_padding_stored", "acc, mask=q_mask)",
+        (kernel_mutant(split_kv.split_kv_kernel, "split_acc_padding_stored", "acc, mask=q_mask)",
                  "acc, mask=real[:, None])"), "columns past HEAD_DIM"),
-        (_mutant(split_kv.split_kv_kernel, "split_block_id_int32", _BLOCK,
+        (kernel_mutant(split_kv.split_kv_kernel, "split_block_id_int32", _BLOCK,
                  "block = tl.load(block_tables_ptr + seq * stride_table_seq + index)"),
          "wraps once the pool holds more than 2^31 elements"),
     ],
     "merge_splits_kernel": [
-        (_mutant(split_kv.merge_splits_kernel, "merge_without_rescaling",
+        (kernel_mutant(split_kv.merge_splits_kernel, "merge_without_rescaling",
                  "weight = tl.exp(m - top)", "weight = tl.where(live, 1.0, 0.0)"),
          "without rescaling"),
-        (_mutant(split_kv.merge_splits_kernel, "merge_empty_nan",
+        (kernel_mutant(split_kv.merge_splits_kernel, "merge_empty_nan",
                  "top = tl.where(top == float(\"-inf\"), 0.0, top)", ""),
          "whose splits are all empty"),
-        (_mutant(split_kv.merge_splits_kernel, "merge_padding_stored",
+        (kernel_mutant(split_kv.merge_splits_kernel, "merge_padding_stored",
                  "out.to(out_ptr.dtype.element_ty), mask=in_head)",
                  "out.to(out_ptr.dtype.element_ty))"), "columns past HEAD_DIM"),
-        (_mutant(split_kv.merge_splits_kernel, "merge_reads_past_splits",
+        (kernel_mutant(split_kv.merge_splits_kernel, "merge_reads_past_splits",
                  "live = splits < num_splits", "live = splits <= num_splits"),
          "disagrees with the merged softmax"),
     ],

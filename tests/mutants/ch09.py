@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import atexit
-import importlib.util
-import inspect
-import shutil
-import tempfile
-import textwrap
-from pathlib import Path
-
 import torch
 
 from course.block_manager import NoFreeBlocksError
 from course.chunked_scheduler import Chunk, Schedule
 from course.prefix_cache import prefix_keys
-from mutants import Rule
+from mutants import Rule, kernel_mutant
 
 
 def _scheduler_with(prefill_first=False, clip_budget=True, clip_remaining=True,
@@ -175,38 +167,24 @@ def _engine_step_with(sample_every_chunk=False, write_first=True, positions_from
     return engine_step
 
 
-_FOLDER = Path(tempfile.mkdtemp(prefix="ch09-mutants-"))
-atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)  # once no kernel runs
-
-
-def _mutant(kernel, name: str, old: str, new: str):
-    """``kernel`` with ``old`` (which must occur once) replaced by ``new``, renamed ``name``:
-    written to a file of its own, since Triton compiles from source files."""
-    source = textwrap.dedent(inspect.getsource(kernel.fn))
-    assert source.count(old) == 1, f"{old!r} is not in {kernel.__name__} exactly once"
-    source = source.replace(old, new).replace(f"def {kernel.__name__}(", f"def {name}(")
-    path = _FOLDER / f"{name}.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n\n" + source)
-    spec = importlib.util.spec_from_file_location(f"ch09_mutants.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
-
-
 def _kernels():
     from kernels.varlen_attention import varlen_attention_kernel as kernel
 
     right = "context = seq_len - q_len + (token - start) + 1"
     return [
-        (_mutant(kernel, "no_causal_mask", right, "context = seq_len"), "apply the causal mask"),
-        (_mutant(kernel, "packed_index_as_position", right, "context = token + 1"),
+        (kernel_mutant(kernel, "no_causal_mask", right, "context = seq_len"),
+         "apply the causal mask"),
+        (kernel_mutant(kernel, "packed_index_as_position", right, "context = token + 1"),
          "the start offsets are per request"),
-        (_mutant(kernel, "context_one_short", right,
+        (kernel_mutant(kernel, "context_one_short", right,
                  "context = seq_len - q_len + (token - start)"), "off-by-one"),
-        (_mutant(kernel, "every_block_of_the_request", "range(0, tl.cdiv(context, BLOCK_SIZE))",
-                 "range(0, tl.cdiv(seq_len, BLOCK_SIZE))"), "cdiv(context, BLOCK_SIZE) of them"),
-        (_mutant(kernel, "stores_the_padded_rows", "out.to(out_ptr.dtype.element_ty), mask=q_mask)",
-                 "out.to(out_ptr.dtype.element_ty), mask=dim_ok[None, :])"),
+        (kernel_mutant(kernel, "every_block_of_the_request",
+                       "range(0, tl.cdiv(context, BLOCK_SIZE))",
+                       "range(0, tl.cdiv(seq_len, BLOCK_SIZE))"),
+         "cdiv(context, BLOCK_SIZE) of them"),
+        (kernel_mutant(kernel, "stores_the_padded_rows",
+                       "out.to(out_ptr.dtype.element_ty), mask=q_mask)",
+                       "out.to(out_ptr.dtype.element_ty), mask=dim_ok[None, :])"),
          "which belongs to another program"),
     ]
 

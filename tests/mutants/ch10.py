@@ -3,82 +3,52 @@
 
 from __future__ import annotations
 
-import atexit
-import importlib.util
-import inspect
-import shutil
-import tempfile
-import textwrap
-from pathlib import Path
-
 from course.hybrid_cache import NULL_BLOCK, full_attention_hit, skipped_tokens
 from course.hybrid_models import FULL, STATE
 from course.hybrid_sizing import group_bytes_per_token
-from mutants import Rule
+from mutants import Rule, kernel_mutant
+
+
+def _named(name: str, fn):
+    fn.__name__ = name
+    return fn
+
 
 # --- request_bytes ----------------------------------------------------------------------------
 
 
-def _sliding_as_full(model, num_tokens, bytes_per_element=2):
-    total = 0.0
-    for group in model.groups:
-        if group.kind == STATE:
-            total += group.num_layers * group.state_elements * bytes_per_element if num_tokens \
-                else 0
-        else:
-            total += num_tokens * group_bytes_per_token(group, bytes_per_element)
-    return total
+def _bytes_with(sliding_kept=lambda n, window: min(n, window),
+                states=lambda layers, elements, n: layers * elements if n else 0):
+    """``request_bytes`` with a sliding group keeping ``sliding_kept(n, window)`` tokens and a
+    state group ``states(num_layers, state_elements, n)`` elements."""
+
+    def request_bytes(model, num_tokens, bytes_per_element=2):
+        total = 0.0
+        for group in model.groups:
+            if group.kind == STATE:
+                total += states(group.num_layers, group.state_elements, num_tokens) \
+                    * bytes_per_element
+            else:
+                kept = num_tokens if group.kind == FULL else sliding_kept(num_tokens,
+                                                                          group.window)
+                total += kept * group_bytes_per_token(group, bytes_per_element)
+        return total
+
+    return request_bytes
 
 
-def _no_state(model, num_tokens, bytes_per_element=2):
-    return sum(min(num_tokens, group.window or num_tokens)
-               * group_bytes_per_token(group, bytes_per_element)
-               for group in model.groups if group.kind != STATE)
-
-
-def _state_per_token(model, num_tokens, bytes_per_element=2):
-    total = 0.0
-    for group in model.groups:
-        if group.kind == STATE:
-            total += num_tokens * group.num_layers * group.state_elements * bytes_per_element
-        else:
-            kept = num_tokens if group.kind == FULL else min(num_tokens, group.window)
-            total += kept * group_bytes_per_token(group, bytes_per_element)
-    return total
-
-
-def _state_before_the_first_token(model, num_tokens, bytes_per_element=2):
-    total = 0.0
-    for group in model.groups:
-        if group.kind == STATE:
-            total += group.num_layers * group.state_elements * bytes_per_element
-        else:
-            kept = num_tokens if group.kind == FULL else min(num_tokens, group.window)
-            total += kept * group_bytes_per_token(group, bytes_per_element)
-    return total
-
-
-def _one_state_per_group(model, num_tokens, bytes_per_element=2):
-    total = 0.0
-    for group in model.groups:
-        if group.kind == STATE:
-            total += group.state_elements * bytes_per_element if num_tokens else 0
-        else:
-            kept = num_tokens if group.kind == FULL else min(num_tokens, group.window)
-            total += kept * group_bytes_per_token(group, bytes_per_element)
-    return total
-
-
-def _window_less_one(model, num_tokens, bytes_per_element=2):
-    total = 0.0
-    for group in model.groups:
-        if group.kind == STATE:
-            total += group.num_layers * group.state_elements * bytes_per_element if num_tokens \
-                else 0
-        else:
-            kept = num_tokens if group.kind == FULL else min(num_tokens, group.window - 1)
-            total += kept * group_bytes_per_token(group, bytes_per_element)
-    return total
+_sliding_as_full = _named("_sliding_as_full", _bytes_with(sliding_kept=lambda n, window: n))
+_window_less_one = _named("_window_less_one",
+                          _bytes_with(sliding_kept=lambda n, window: min(n, window - 1)))
+_no_state = _named("_no_state", _bytes_with(states=lambda layers, elements, n: 0))
+_state_per_token = _named("_state_per_token",
+                          _bytes_with(states=lambda layers, elements, n: n * layers * elements))
+_state_before_the_first_token = _named("_state_before_the_first_token",
+                                       _bytes_with(states=lambda layers, elements, n:
+                                                   layers * elements))
+_one_state_per_group = _named("_one_state_per_group",
+                              _bytes_with(states=lambda layers, elements, n:
+                                          elements if n else 0))
 
 
 # --- free_skipped_blocks ----------------------------------------------------------------------
@@ -261,11 +231,6 @@ def _allocation(free_skipped: bool = True, give_back: bool = True, computed_afte
     return allocate_slots
 
 
-def _named(name: str, fn):
-    fn.__name__ = name
-    return fn
-
-
 _never_frees_skipped_blocks = _named("_never_frees_skipped_blocks",
                                      _allocation(free_skipped=False))
 _nulls_without_giving_back = _named("_nulls_without_giving_back", _allocation(give_back=False))
@@ -279,24 +244,11 @@ _returns_none_when_made = _named("_returns_none_when_made", _allocation(returns=
 
 # --- sliding_window_kernel --------------------------------------------------------------------
 
-_FOLDER = Path(tempfile.mkdtemp(prefix="ch10-mutants-"))
-atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)  # once no kernel runs
-
-
 def _mutant(name: str, old: str, new: str):
-    """The course's kernel with ``old`` (once in its source) replaced by ``new``, renamed
-    ``name`` (Triton compiles from a source file, so each mutant is written to one)."""
-    from kernels.sliding_window_attention import sliding_window_kernel as kernel
+    """The course's kernel with ``old`` replaced by ``new``, renamed ``name``."""
+    from kernels.sliding_window_attention import sliding_window_kernel
 
-    source = textwrap.dedent(inspect.getsource(kernel.fn))
-    assert source.count(old) == 1, f"{old!r} is not in the kernel exactly once"
-    source = source.replace(old, new).replace("def sliding_window_kernel(", f"def {name}(")
-    path = _FOLDER / f"{name}.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n\n" + source)
-    spec = importlib.util.spec_from_file_location(f"ch10_mutants.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    return kernel_mutant(sliding_window_kernel, name, old, new)
 
 
 _FIRST = "first = tl.maximum(seq_len - window, 0)"
