@@ -217,3 +217,19 @@ def test_grading_stops_before_it_starts_where_bwrap_is_missing(tmp_path):
         assert done.stderr.count("\n") == 1, done.stderr
         assert "apt-get install bubblewrap" in done.stderr and "--sandbox off" in done.stderr
         assert not (tmp_path / "grades.csv").exists()
+
+
+def test_a_folder_named_like_a_course_package_in_the_working_folder_is_not_bound(tmp_path):
+    """An instructor's course directory called ``course`` beside them shadows nothing: the
+    sandbox binds the course's own packages, so the kernel still imports them."""
+    (tmp_path / "course").mkdir()
+    code = ("import json; from autograder.host.bubblewrap import readable; "
+            "print(json.dumps([str(p) for p in readable()]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=True)
+    bound = [Path(p) for p in json.loads(done.stdout)]
+    import course
+
+    package = Path(course.__file__).resolve().parent
+    assert any(package.is_relative_to(path) for path in bound), bound
+    assert not any(path.is_relative_to(tmp_path) for path in bound), bound

@@ -4,8 +4,9 @@ The view is built from explicit binds, so whatever is not named here does not ex
 
 * read-only: the system (``/usr`` with the ``/bin``, ``/lib*``, ``/sbin`` links; ``/etc``),
   the Python environment (``sys.prefix``, ``sys.base_prefix`` and the interpreter's folder)
-  and the course's own packages (``course``, ``kernels``, ``autograder``: in an editable
-  install they live in the checkout, of which nothing else is bound);
+  and the course's own packages (``course``, ``kernels``, ``autograder``, found beside this
+  package, not on the working folder's path: in an editable install they live in the
+  checkout, of which nothing else is bound);
 * writable, at their own paths: only the folders the caller names (a kernel's working folder
   and its scratch folder; the crash probe's copy of a notebook);
 * its own: an empty ``/tmp`` (a capped tmpfs), a minimal ``/dev`` (null, zero, random,
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -49,10 +49,10 @@ def readable() -> list[Path]:
     paths = [Path(p) for p in _SYSTEM if os.path.lexists(p)]
     found = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
              os.path.dirname(os.path.realpath(sys.executable))]
-    for name in PACKAGES:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations:
-            found += spec.submodule_search_locations
+    # beside this package: a folder of the same name in the working folder (a class's course
+    # directory called ``course``) would shadow an editable install's finder
+    home = Path(__file__).resolve().parents[2]
+    found += [str(home / name) for name in PACKAGES if (home / name / "__init__.py").exists()]
     for path in found:  # as named (what the processes use) and where links lead
         paths += [Path(os.path.abspath(path)), Path(path).resolve()]
     kept: list[Path] = []
