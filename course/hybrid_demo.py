@@ -1,6 +1,7 @@
-"""Chapter 10's demonstrations, each run on the learner's own functions: the requests a pool
-fits, the prefix hits a sliding window keeps, and a tiny hybrid model served through the
-learner's ``allocate_slots``, token for token against contiguous generation.
+"""Chapter 10's demonstrations, each run on the learner's own functions: a request's bytes as
+it grows, the prefix hits a sliding window keeps, and a tiny hybrid model served through the
+learner's ``allocate_slots`` and ``hybrid_hit``, token for token against contiguous
+generation. (The requests a pool fits: ``course.hybrid_sizing.fit_table``.)
 """
 
 from __future__ import annotations
@@ -15,22 +16,13 @@ from course.hybrid_manager import HybridBlockManager
 from course.hybrid_models import HybridModel
 from course.hybrid_prefix import HybridPrefixCache
 from course.hybrid_sim import serve_hybrid
+from course.hybrid_sizing import Sizing
 from course.tiny_model import TinyModel, generate_contiguous
 
 GiB = 2**30
-RequestBytes = Callable[[HybridModel, int], float]
 
 
-def fit_rows(request_bytes: RequestBytes, models: Sequence[HybridModel], pool_bytes: float,
-             lengths: Sequence[int]) -> list[tuple[str, int, int, int]]:
-    """(model, tokens per request, requests that fit, requests that fit were every layer full
-    attention), each count ``pool_bytes // request_bytes(...)`` of the function given."""
-    return [(model.name, length, int(pool_bytes // request_bytes(model, length)),
-             int(pool_bytes // request_bytes(model.all_full_attention(), length)))
-            for model in models for length in lengths]
-
-
-def bytes_series(request_bytes: RequestBytes, models: Sequence[HybridModel],
+def bytes_series(request_bytes: Sizing, models: Sequence[HybridModel],
                  lengths: Sequence[int]) -> dict[str, list[float]]:
     """GiB a request holds at each of ``lengths``, per model: as it is, and all full
     attention (the series' names are the models', and ``<model>, all full attention``)."""

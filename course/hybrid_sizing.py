@@ -24,6 +24,8 @@ it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from course.hybrid_models import FULL, SLIDING, STATE, HybridModel, LayerGroup
 
 
@@ -61,12 +63,17 @@ def request_bytes(model: HybridModel, num_tokens: int, bytes_per_element: float 
     ### END SOLUTION
 
 
+# what sizes a request: (model, num_tokens, bytes_per_element) -> bytes
+Sizing = Callable[[HybridModel, int, float], float]
+
+
 def requests_that_fit(model: HybridModel, pool_bytes: float, num_tokens: int,
-                      bytes_per_element: float = 2) -> int:
+                      bytes_per_element: float = 2, sizing: Sizing = request_bytes) -> int:
     """How many requests of ``num_tokens`` tokens each ``pool_bytes`` of cache holds at
-    once (whole requests: an ``int``). A request of no tokens holds nothing, so the count
-    has no bound: ``ValueError``."""
-    each = request_bytes(model, num_tokens, bytes_per_element)
+    once (whole requests: an ``int``), each of ``sizing(model, num_tokens,
+    bytes_per_element)`` bytes (``request_bytes``, or a learner's). A request of no tokens
+    holds nothing, so the count has no bound: ``ValueError``."""
+    each = sizing(model, num_tokens, bytes_per_element)
     if each == 0:
         raise ValueError("a request that holds no cache puts no bound on how many fit")
     return int(pool_bytes // each)
@@ -99,12 +106,15 @@ def _attention_layer_token_bytes(model: HybridModel, bytes_per_element: float) -
 
 
 def fit_table(models: list[HybridModel], pool_bytes: float, lengths: list[int],
-              bytes_per_element: float = 2) -> list[tuple[str, int, int, int]]:
+              bytes_per_element: float = 2, sizing: Sizing = request_bytes
+              ) -> list[tuple[str, int, int, int]]:
     """(model, tokens per request, requests that fit, requests that fit were every layer full
-    attention) for each model and length, in a pool of ``pool_bytes`` bytes of cache."""
-    return [(model.name, length, requests_that_fit(model, pool_bytes, length, bytes_per_element),
+    attention) for each model and length, in a pool of ``pool_bytes`` bytes of cache, each
+    request sized by ``sizing``."""
+    return [(model.name, length,
+             requests_that_fit(model, pool_bytes, length, bytes_per_element, sizing),
              requests_that_fit(model.all_full_attention(), pool_bytes, length,
-                               bytes_per_element))
+                               bytes_per_element, sizing))
             for model in models for length in lengths]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from autograder.checks._contract import INT, LIST_OF_INTS, Promise, Raises, expect_cases
-from autograder.checks._helpers import describe_call, learner_call
+from autograder.checks._helpers import describe_call, learner_call, not_written
 from autograder.checks._memory_audit import MemoryAudit
 from autograder.checks._tensors import expect_attention_output
 from autograder.checks.ch07_audit import decode_audit, quiet
@@ -139,9 +139,7 @@ def run_steps(name: str, subject: Callable, windows: tuple, block_size: int, num
         try:
             returned: Any = manager.allocate_slots(*step[1:])
         except NotImplementedError:
-            raise AssertionError(f"{name} is not written yet: replace `raise "
-                                 "NotImplementedError()` in its cell with your code, run that "
-                                 "cell, then run this test again.") from None
+            raise AssertionError(not_written(name)) from None
         except Exception as exc:
             if isinstance(want["returned"], Raises) and isinstance(exc, ValueError):
                 done.append(call + " (ValueError)")
