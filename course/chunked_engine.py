@@ -136,8 +136,20 @@ class ChunkedEngine:
         return build_varlen_batch(self.manager, plan.chunks).to(self.model.embedding.device)
 
     def step(self) -> Schedule:
-        """Schedule, run the model on the chunks, note what was computed."""
+        """Schedule, note what is to be computed, run the model on the chunks."""
         plan = self.scheduler.step(self.schedule)
+        self.note(plan)
+        self.execute(plan)
+        self.steps += 1
+        return plan
+
+    def execute(self, plan: Schedule) -> None:
+        """Run the model on the step's chunks, if there are any."""
+        if plan.chunks:
+            self.model_step(self, plan)
+
+    def note(self, plan: Schedule) -> None:
+        """Record the step's chunks by kind, and the prompt tokens a first admission skips."""
         kinds = []
         for chunk in plan.chunks:
             request, prompt = chunk.request, len(chunk.request.prompt)
@@ -148,12 +160,8 @@ class ChunkedEngine:
                 self.prompt_hits += chunk.start
                 self.prompt_tokens += prompt
             kinds.append((request.id, chunk.start, chunk.num_tokens, kind))
-        if plan.chunks:
-            self.model_step(self, plan)
         self.records.append(ChunkRecord(self.steps, kinds, list(plan.preempted),
                                         self.scheduler.max_num_batched_tokens))
-        self.steps += 1
-        return plan
 
 
 def engine_step(engine: ChunkedEngine, plan: Schedule) -> None:
