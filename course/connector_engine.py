@@ -193,20 +193,26 @@ class ConnectorEngine(ChunkedEngine):
         self.worker.register_kv_caches(self.pool)
 
     def execute(self, plan: Schedule) -> None:
-        """The connector's step around the model's: loads start before, saves end after, and
-        the worker's report goes back to the scheduler."""
-        tables = {c.request.id: self.manager.block_table(c.request.id) for c in plan.chunks}
-        self.worker.bind_connector_metadata(self.connector.build_connector_meta(plan, tables))
-        self.worker.start_load_kv()
-        if plan.chunks:
-            self.model_step(self, plan)
-        self.worker.wait_for_save()
-        finished, self.scheduler.finished_ids = self.scheduler.finished_ids, set()
-        sent, received = self.worker.get_finished(finished)
-        output = KVConnectorOutput(sent, received, self.worker.get_block_ids_with_load_errors(),
-                                   self.worker.build_connector_worker_meta())
-        self.worker.clear_connector_metadata()
-        self.scheduler.update_from_output(output)
+        connector_round(self.scheduler, self.worker, plan,
+                        lambda: self.model_step(self, plan) if plan.chunks else None)
+
+
+def connector_round(scheduler: ConnectorScheduler, worker: KVConnectorWorker, plan: Schedule,
+                    run_model: Callable[[], None]) -> None:
+    """The connector's part of a step around the model's (``run_model``): loads start before,
+    saves end after, and the worker's report goes back to the scheduler. It runs also when
+    the step computes nothing: loads in flight still land."""
+    tables = {c.request.id: scheduler.manager.block_table(c.request.id) for c in plan.chunks}
+    worker.bind_connector_metadata(scheduler.connector.build_connector_meta(plan, tables))
+    worker.start_load_kv()
+    run_model()
+    worker.wait_for_save()
+    finished, scheduler.finished_ids = scheduler.finished_ids, set()
+    sent, received = worker.get_finished(finished)
+    output = KVConnectorOutput(sent, received, worker.get_block_ids_with_load_errors(),
+                               worker.build_connector_worker_meta())
+    worker.clear_connector_metadata()
+    scheduler.update_from_output(output)
 
 
 def connector_engine_step(engine: ConnectorEngine, plan: Schedule) -> None:

@@ -55,6 +55,7 @@ class OffloadingConnectorScheduler(KVConnectorScheduler):
         self.keys: dict[int, list[Key]] = {}  # request id -> its full blocks' keys so far
         self.pending: dict[int, list[BlockCopy]] = {}  # loads decided, not handed over yet
         self.loading: dict[int, list[Key]] = {}  # loads handed over, not finished
+        self.admissions: list[tuple[int, int, int, int]] = []  # id, tokens, GPU hit, loaded
 
     def block_keys(self, request: ChunkedRequest, num_blocks: int) -> list[Key]:
         """The prefix keys of the request's first ``num_blocks`` full blocks (chapter 4's)."""
@@ -74,6 +75,8 @@ class OffloadingConnectorScheduler(KVConnectorScheduler):
 
     def update_state_after_alloc(self, request: ChunkedRequest, block_ids: list[int],
                                  num_external_tokens: int) -> None:
+        self.admissions.append((request.id, request.num_tokens, request.num_computed_tokens,
+                                num_external_tokens))
         if not num_external_tokens:
             return
         first = request.num_computed_tokens // self.block_size
@@ -140,11 +143,19 @@ class OffloadingConnectorWorker(KVConnectorWorker):
             for copy in copies:
                 if copy.key in self.failing_keys:
                     self.failed_blocks.add(copy.gpu_block)
-                    poison_block(self.pool, copy.gpu_block)
+                    self.fail(copy)
                 else:
-                    self.cpu.copy_blocks(self.pool, [(copy.cpu_block, copy.gpu_block)])
+                    self.load(copy)
                     self.bytes_loaded += self.block_bytes
             self.received.add(request_id)
+
+    def load(self, copy: BlockCopy) -> None:
+        """The copy of one block from the tier lands in the pool."""
+        self.cpu.copy_blocks(self.pool, [(copy.cpu_block, copy.gpu_block)])
+
+    def fail(self, copy: BlockCopy) -> None:
+        """The copy of one block failed: the pool's block holds garbage."""
+        poison_block(self.pool, copy.gpu_block)
 
     def wait_for_layer_load(self, layer: int) -> None:
         """Nothing to wait for: every load is asynchronous, and its request is not in the step

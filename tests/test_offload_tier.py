@@ -13,8 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course.offload_tier import CPUTier
-from course.offloading_prefix_cache import OffloadingPrefixCache
-from course.prefix_cache import prefix_keys
 
 
 class PaperARC:
@@ -156,20 +154,3 @@ def test_bad_tiers_are_refused():
         CPUTier(0)
     with pytest.raises(ValueError, match="policy"):
         CPUTier(4, "fifo")
-
-
-@pytest.mark.parametrize(("length", "loaded"), [(17, 16), (16, 12)],
-                         ids=["its blocks before the last token", "never the last token's"])
-def test_blocks_the_gpu_evicted_are_loaded_back_from_the_tier(length, loaded):
-    block_size, tier = 4, CPUTier(16, "lru")
-    gpu = OffloadingPrefixCache(6, block_size, tier)
-    prompt = list(range(length))
-    assert gpu.allocate(0, prompt) == 0
-    gpu.free(0)  # its full blocks stay cached on the GPU
-    gpu.allocate(1, [100 + i for i in range(21)])  # six blocks: every cached one evicted
-    gpu.free(1)
-    full = length // block_size
-    assert tier.lookup(prefix_keys(prompt, block_size)) == full  # stored as they left
-    assert gpu.allocate(2, prompt) == 0  # no GPU hit ...
-    assert gpu.loaded_tokens == loaded  # ... but loaded, up to the block before the last token
-    gpu.check_invariants()
