@@ -181,10 +181,14 @@ class DecodeConnectorWorker(KVConnectorWorker):
                     self.failed_blocks.add(block)
                     poison_block(self.pool, block)
             else:
-                self.handoff.pool.copy_blocks(self.pool, pairs)
+                self.load(pairs)
                 self.handoff.taken.add(remote_id)
                 self.bytes_loaded += self.block_bytes * len(pairs)
             self.received.add(request_id)
+
+    def load(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy (prefill engine's block, this engine's block) for each pair."""
+        self.handoff.pool.copy_blocks(self.pool, pairs)
 
     def wait_for_layer_load(self, layer: int) -> None:
         pass  # every load is asynchronous: its request is not in the step

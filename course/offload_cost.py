@@ -83,3 +83,14 @@ def speedup_chart(lengths: list[int], block_size: int = 16):
     return lines_chart(lengths, speedup_series(lengths, block_size),
                        "Computing a prefix again / loading it from the CPU tier",
                        "prefix tokens", "recompute time / load time", log_x=True)
+
+
+def main(lengths: tuple[int, ...] = (16, 128, 1024, 8192, 32768)) -> None:
+    """How many times faster loading is than computing again, at each prefix length."""
+    print("prefix tokens: " + ", ".join(str(n) for n in lengths))
+    for label, ratios in speedup_series(list(lengths)).items():
+        print(f"{label}: " + ", ".join(f"{r:.1f}x" for r in ratios))
+
+
+if __name__ == "__main__":
+    main()
