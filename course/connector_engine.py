@@ -14,9 +14,6 @@ Each step::
 
 A request's tokens are computed, loaded or hit, and whichever it was, the tokens it generates
 are the ones chapter 9's engine generates: the connector only changes where K/V come from.
-
-Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 11's
-notebook renders its cells from them, and a learner edition replaces them with stubs.
 """
 
 from __future__ import annotations
@@ -114,7 +111,6 @@ def admit_with_connector(scheduler: ConnectorScheduler, plan: Schedule) -> None:
     ``min(num_tokens - num_computed_tokens, budget)`` tokens as chapter 9's step does. The
     requests skipped keep their order at the front of ``waiting``.
     """
-    ### BEGIN SOLUTION
     manager, connector = scheduler.manager, scheduler.connector
     budget = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
     skipped: list[ChunkedRequest] = []
@@ -158,7 +154,6 @@ def admit_with_connector(scheduler: ConnectorScheduler, plan: Schedule) -> None:
         request.num_computed_tokens += num_new
         budget -= num_new
     scheduler.waiting.extendleft(reversed(skipped))
-    ### END SOLUTION
 
 
 def connector_schedule_step(scheduler: ConnectorScheduler,

@@ -13,8 +13,9 @@ The engines' scheduler and connector halves run as they do in the connector engi
 workers move no KV, and a transfer takes the time its bytes need on the link. Two engines
 step in the order of their clocks (the one behind goes first), so a request handed over at
 time t is seen by the decode engine at its first step from t on. vLLM's documentation states
-what to expect (``docs/features/disagg_prefill.md``): disaggregation does not improve
-throughput; it lets time to first token and time between tokens be tuned apart.
+what to expect: disaggregation does not improve throughput; it lets time to first token and
+time between tokens be tuned apart
+(https://docs.vllm.ai/en/latest/features/disagg_prefill.html).
 """
 
 from __future__ import annotations

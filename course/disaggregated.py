@@ -11,7 +11,8 @@ prompt's last token again for its logits, and decodes::
                             v
     decode engine    [blocks 0 1 2 3 loaded] -> last prompt token computed -> decode ...
 
-This is vLLM's disaggregated prefill (``docs/features/disagg_prefill.md``) with the transport
+This is vLLM's disaggregated prefill
+(https://docs.vllm.ai/en/latest/features/disagg_prefill.html) with the transport
 (NIXL, Mooncake, P2P) reduced to ``KVHandoff``, one process's view of the prefill engine's
 pool: the decode engine reads it, tells it when it is done, and finds it gone when the prefill
 engine stopped waiting (after ``lease_steps`` of its steps; vLLM's NIXL connector calls this
