@@ -103,6 +103,10 @@ PARTS = {parts.slug: parts for parts in [
         "course.hybrid_manager:HybridBlockManager", "allocate_slots") | _all(
         "kernels.sliding_window_attention", "sliding_window_kernel"),
         skeleton="course.hybrid_manager:HybridBlockManager", needs=(4, 6, 9)),
+    Parts("11_kv_beyond_one_gpu", _all(
+        "course.offloading_connector:OffloadingConnectorScheduler", "get_num_new_matched_tokens",
+        "build_connector_meta") | _all("course.connector_engine", "admit_with_connector"),
+        skeleton="course.offloading_connector:OffloadingConnectorScheduler", needs=(4, 6, 9)),
 ]}
 
 

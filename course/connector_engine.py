@@ -108,9 +108,11 @@ def admit_with_connector(scheduler: ConnectorScheduler, plan: Schedule) -> None:
        ``scheduler.loading``, skipped. With ``n == 0`` it runs.
 
     A request that runs leaves ``waiting``, joins the end of ``running`` and is scheduled
-    ``min(num_tokens - num_computed_tokens, budget)`` tokens as chapter 9's step does. The
-    requests skipped keep their order at the front of ``waiting``.
+    ``min(num_tokens - num_computed_tokens, budget)`` tokens as chapter 9's step does
+    (``plan.chunks.append(Chunk(request, start, num_new))``, then ``num_computed_tokens``
+    grows by ``num_new``). The requests skipped keep their order at the front of ``waiting``.
     """
+    ### BEGIN SOLUTION
     manager, connector = scheduler.manager, scheduler.connector
     budget = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
     skipped: list[ChunkedRequest] = []
@@ -154,33 +156,37 @@ def admit_with_connector(scheduler: ConnectorScheduler, plan: Schedule) -> None:
         request.num_computed_tokens += num_new
         budget -= num_new
     scheduler.waiting.extendleft(reversed(skipped))
+    ### END SOLUTION
 
 
 def connector_schedule_step(scheduler: ConnectorScheduler,
-                            schedule_running: Callable = schedule_step) -> Schedule:
+                            schedule_running: Callable = schedule_step,
+                            admit: Callable = admit_with_connector) -> Schedule:
     """Chapter 9's step for the running requests (``schedule_running`` with nothing waiting:
-    its admission pass has nothing to do), then ``admit_with_connector``."""
+    its admission pass has nothing to do), then ``admit`` (``admit_with_connector``)."""
     waiting, scheduler.waiting = scheduler.waiting, deque()
     try:
         plan = schedule_running(scheduler)
     finally:  # requests it preempted are at the front, before those that were waiting
         scheduler.waiting.extend(waiting)
-    admit_with_connector(scheduler, plan)
+    admit(scheduler, plan)
     return plan
 
 
 class ConnectorEngine(ChunkedEngine):
     """Chapter 9's engine with ``connector``, a (scheduler half, worker half) pair. The worker
     takes the engine's KV pool. ``schedule`` is chapter 9's scheduling step for the running
-    requests; ``step`` the model step (``connector_engine_step``)."""
+    requests, ``admit`` its admission with the connector; ``step`` the model step
+    (``connector_engine_step``)."""
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
                  max_num_batched_tokens: int,
                  connector: tuple[KVConnectorScheduler, KVConnectorWorker],
                  max_num_seqs: int = 64, attention: Callable | None = None,
-                 schedule: Callable = schedule_step, step: Callable | None = None) -> None:
+                 schedule: Callable = schedule_step, step: Callable | None = None,
+                 admit: Callable = admit_with_connector) -> None:
         super().__init__(model, num_blocks, block_size, max_num_batched_tokens, max_num_seqs,
-                         attention, lambda s: connector_schedule_step(s, schedule),
+                         attention, lambda s: connector_schedule_step(s, schedule, admit),
                          step or connector_engine_step)
         self.connector, self.worker = connector
         self.scheduler = ConnectorScheduler(num_blocks, block_size, max_num_batched_tokens,

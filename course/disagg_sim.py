@@ -28,7 +28,12 @@ from typing import Any
 
 from course.chunked_demo import latency_workload, percentile, step_time
 from course.chunked_scheduler import ChunkedRequest, ChunkedScheduler, schedule_step
-from course.connector_engine import ConnectorScheduler, connector_round, connector_schedule_step
+from course.connector_engine import (
+    ConnectorScheduler,
+    admit_with_connector,
+    connector_round,
+    connector_schedule_step,
+)
 from course.disaggregated import (
     DecodeConnectorScheduler,
     DecodeConnectorWorker,
@@ -37,6 +42,7 @@ from course.disaggregated import (
     PrefillConnectorScheduler,
     PrefillConnectorWorker,
 )
+from course.language import tr, tr_later
 from course.serving_sim import CostModel, opt13b_a100_40gb
 
 
@@ -59,9 +65,17 @@ class TimedLoads:
 
 
 class DryDecodeWorker(DecodeConnectorWorker):
-    """The decode worker's bookkeeping without pools: a read moves no data."""
+    """The decode worker's bookkeeping without pools: a read moves no data, a failed one
+    leaves nothing to spoil; a block counts ``block_bytes``."""
+
+    def __init__(self, handoff: KVHandoff, load_steps: int = 1, block_bytes: int = 0) -> None:
+        super().__init__(handoff, load_steps)
+        self.block_bytes = block_bytes
 
     def load(self, pairs: list[tuple[int, int]]) -> None:
+        pass
+
+    def fail(self, pairs: list[tuple[int, int]]) -> None:
         pass
 
 
@@ -74,6 +88,7 @@ class Engine:
     worker: Any = None
     clock: float = 0.0
     inbox: list[tuple[float, ChunkedRequest]] = field(default_factory=list)  # time-ordered
+    admit: Callable = admit_with_connector  # with a worker: admission with its connector
 
     def next_event(self) -> float:
         if self.scheduler.busy():
@@ -89,7 +104,7 @@ class Engine:
         if self.worker is None:
             plan = self.scheduler.step(schedule_step)
         else:
-            plan = self.scheduler.step(connector_schedule_step)
+            plan = self.scheduler.step(lambda s: connector_schedule_step(s, admit=self.admit))
             connector_round(self.scheduler, self.worker, plan, lambda: None)
         self.clock += step_time(self.cost, plan.chunks)
         emitted = []
@@ -163,26 +178,27 @@ def one_or_two_engines(count: int, budget: int, num_blocks: int = 2000, block_si
         engines[request.id % count].inbox.append((arrival, request))
         arrivals[request.id] = arrival
     times, end = _run(engines, set(range(count)))
-    name = "one engine" if count == 1 else f"{count} engines"
+    name = tr_later("one engine") if count == 1 else tr_later(f"{count} engines")
     return _report(name, arrivals, times, end, count)
 
 
 def prefill_decode_pair(budget: int, num_blocks: int = 2000, block_size: int = 16,
                         seed: int = 0, cost: CostModel | None = None,
-                        link_bytes_per_s: float | None = None) -> LatencyReport:
+                        link_bytes_per_s: float | None = None,
+                        admit: Callable = admit_with_connector) -> LatencyReport:
     """A prefill engine and a decode engine joined by a link of ``link_bytes_per_s`` (by
-    default the cost model's PCIe figure)."""
+    default the cost model's PCIe figure), each admitting with ``admit``."""
     cost = cost or opt13b_a100_40gb()
     link = link_bytes_per_s or cost.pcie_bytes_per_s
     handoff = KVHandoff()
     prefill = Engine(ConnectorScheduler(num_blocks, block_size, budget,
                                         PrefillConnectorScheduler(block_size), 256), cost,
-                     PrefillConnectorWorker(handoff, lease_steps=10**9))
+                     PrefillConnectorWorker(handoff, lease_steps=10**9), admit=admit)
     decode = Engine(ConnectorScheduler(num_blocks, block_size, budget,
-                                       DecodeConnectorScheduler(block_size), 256), cost)
+                                       DecodeConnectorScheduler(block_size), 256), cost,
+                    admit=admit)
     block_bytes = block_size * cost.kv_bytes_per_token
-    decode.worker = DryDecodeWorker(handoff)
-    decode.worker.block_bytes = block_bytes
+    decode.worker = DryDecodeWorker(handoff, block_bytes=block_bytes)
     decode.worker.in_flight = TimedLoads(
         lambda: decode.clock, lambda job: len(job[1]) * (block_bytes / link +
                                                         cost.swap_block_overhead_s))
@@ -200,8 +216,27 @@ def prefill_decode_pair(budget: int, num_blocks: int = 2000, block_size: int = 1
         decode.inbox.sort(key=lambda item: item[0])
 
     times, end = _run([prefill, decode], {1}, hand_over)
-    return _report("prefill/decode", arrivals, times, end, 2,
+    return _report(tr_later("prefill/decode"), arrivals, times, end, 2,
                    decode.worker.bytes_loaded / len(arrivals))
+
+
+def latency_chart(reports: list[LatencyReport]):
+    """Time to first token and between tokens, P50 and P99, for each setup, in milliseconds."""
+    import plotly.graph_objects as go
+
+    from course.charts import localized
+
+    figure = go.Figure()
+    for name, value in ((tr_later("time to first token, P50"), lambda r: r.ttft_p50),
+                        (tr_later("time to first token, P99"), lambda r: r.ttft_p99),
+                        (tr_later("time between tokens, P50"), lambda r: r.tbt_p50),
+                        (tr_later("time between tokens, P99"), lambda r: r.tbt_p99)):
+        figure.add_trace(go.Bar(x=[tr(r.setup) for r in reports],
+                                y=[1000 * value(r) for r in reports], name=name))
+    figure.update_layout(title="One engine, two engines, a prefill/decode pair",
+                         yaxis_title="milliseconds", barmode="group", template="plotly_white",
+                         height=420)
+    return localized(figure)
 
 
 def main(budget: int = 512) -> None:

@@ -178,9 +178,8 @@ class DecodeConnectorWorker(KVConnectorWorker):
             self.in_flight.start(request_id, job)
         for request_id, (remote_id, pairs) in self.in_flight.advance():
             if remote_id in self.handoff.released:
-                for _, block in pairs:
-                    self.failed_blocks.add(block)
-                    poison_block(self.pool, block)
+                self.failed_blocks |= {block for _, block in pairs}
+                self.fail(pairs)
             else:
                 self.load(pairs)
                 self.handoff.taken.add(remote_id)
@@ -190,6 +189,11 @@ class DecodeConnectorWorker(KVConnectorWorker):
     def load(self, pairs: list[tuple[int, int]]) -> None:
         """Copy (prefill engine's block, this engine's block) for each pair."""
         self.handoff.pool.copy_blocks(self.pool, pairs)
+
+    def fail(self, pairs: list[tuple[int, int]]) -> None:
+        """The prefill engine no longer holds the blocks: this engine's hold garbage."""
+        for _, block in pairs:
+            poison_block(self.pool, block)
 
     def wait_for_layer_load(self, layer: int) -> None:
         pass  # every load is asynchronous: its request is not in the step
@@ -221,7 +225,8 @@ class Disaggregated:
 def disaggregated_pair(model: TinyModel, prefill_blocks: int, decode_blocks: int, block_size: int,
                        max_num_batched_tokens: int, load_steps: int = 1,
                        lease_steps: int = 64, **engine_args) -> Disaggregated:
-    """Two engines over ``model``, joined through their connectors."""
+    """Two engines over ``model``, joined through their connectors (``engine_args``: the
+    engines' own, ``admit`` say)."""
     handoff = KVHandoff()
     prefill = ConnectorEngine(model, prefill_blocks, block_size, max_num_batched_tokens,
                               (PrefillConnectorScheduler(block_size),

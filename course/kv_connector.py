@@ -67,37 +67,39 @@ class KVConnectorOutput:
     worker_meta: Any = None  # anything else the scheduler half needs back (saves completed)
 
 
-class KVConnectorScheduler(ABC):
-    """The scheduler half. ``block_size`` is the engine's."""
+class KVConnectorScheduler:
+    """The scheduler half. ``block_size`` is the engine's. Its methods raise
+    ``NotImplementedError`` until a connector writes them (vLLM's are abstract; a notebook
+    adds them to a class after it is made, which an abstract base would not see)."""
 
     block_size: int
 
-    @abstractmethod
     def get_num_new_matched_tokens(self, request: ChunkedRequest,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         """How many tokens after the first ``num_computed_tokens`` (the GPU's prefix hit) can
         be loaded, and whether the load is asynchronous; ``(None, False)`` to be asked again
         at a later step. Never the last token: its logits are computed. No side effects: it
         may be asked again for the same request."""
+        raise NotImplementedError
 
-    @abstractmethod
     def update_state_after_alloc(self, request: ChunkedRequest, block_ids: list[int],
                                  num_external_tokens: int) -> None:
         """``request`` now holds ``block_ids`` (its whole block table); ``num_external_tokens``
         tokens from its GPU hit on, ``request.num_computed_tokens`` (which the engine sets to
         the hit before this call), are to be loaded (0: nothing to load)."""
+        raise NotImplementedError
 
-    @abstractmethod
     def build_connector_meta(self, schedule: Schedule,
                              block_ids: dict[int, list[int]]) -> KVConnectorMetadata:
         """The worker's orders for the step ``schedule`` describes, whose requests hold the
         block tables ``block_ids`` (the part of vLLM's ``SchedulerOutput`` a connector reads):
         the loads decided since the last call, and the blocks this step's chunks complete that
         should be saved. Resets what it handed over."""
+        raise NotImplementedError
 
-    @abstractmethod
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         """The worker's report for the step."""
+        raise NotImplementedError
 
     def request_finished(self, request: ChunkedRequest,
                          block_ids: list[int]) -> tuple[bool, dict | None]:

@@ -81,8 +81,9 @@ def speedup_chart(lengths: list[int], block_size: int = 16):
     from course.charts import lines_chart
 
     return lines_chart(lengths, speedup_series(lengths, block_size),
-                       "Computing a prefix again / loading it from the CPU tier",
-                       "prefix tokens", "recompute time / load time", log_x=True)
+                       title="Computing a prefix again / loading it from the CPU tier",
+                       x_title="prefix tokens", y_title="recompute time / load time",
+                       log_x=True)
 
 
 def main(lengths: tuple[int, ...] = (16, 128, 1024, 8192, 32768)) -> None:

@@ -68,10 +68,22 @@ class OffloadingConnectorScheduler(KVConnectorScheduler):
 
     def get_num_new_matched_tokens(self, request: ChunkedRequest,
                                    num_computed_tokens: int) -> tuple[int, bool]:
-        first, last = num_computed_tokens // self.block_size, (request.num_tokens - 1) // \
-            self.block_size  # blocks before the one that holds the last token
+        """How many tokens after the GPU's hit of ``num_computed_tokens`` (whole blocks) the
+        tier can load, and whether the load is asynchronous: ``(num_tokens, num_tokens > 0)``.
+
+        The candidates are the request's blocks from the GPU hit's end, block
+        ``num_computed_tokens // block_size``, up to but not including the block that holds
+        its last token, block ``(request.num_tokens - 1) // block_size`` (that token is always
+        computed, for its logits: chapter 4's rule). ``self.block_keys(request, n)`` gives the
+        prefix keys of the first ``n`` blocks; ``self.tier.lookup(keys)`` says how many of
+        ``keys``, from the first, the tier holds. Each block found is ``block_size`` tokens.
+        """
+        ### BEGIN SOLUTION
+        first = num_computed_tokens // self.block_size
+        last = (request.num_tokens - 1) // self.block_size
         found = self.tier.lookup(self.block_keys(request, last)[first:])
         return found * self.block_size, found > 0
+        ### END SOLUTION
 
     def update_state_after_alloc(self, request: ChunkedRequest, block_ids: list[int],
                                  num_external_tokens: int) -> None:
@@ -89,6 +101,23 @@ class OffloadingConnectorScheduler(KVConnectorScheduler):
 
     def build_connector_meta(self, schedule: Schedule,
                              block_ids: dict[int, list[int]]) -> KVConnectorMetadata:
+        """What the worker does this step, as ``KVConnectorMetadata(loads, saves)``:
+
+        * ``loads``: every load decided since the last step (``self.pending``: request id ->
+          its ``BlockCopy`` list). Each is now in flight: record its keys in
+          ``self.loading[request_id]`` (``update_connector_output`` completes them there),
+          and empty ``self.pending``.
+        * ``saves``: for each chunk of ``schedule.chunks`` (a request's tokens ``chunk.start``
+          to ``chunk.end``), the full blocks the chunk completes, blocks ``chunk.start //
+          block_size`` to ``chunk.end // block_size`` (not included): their keys
+          (``self.block_keys``) go to ``self.tier.prepare_store(keys)``, which returns
+          ``(stored, evicted)``, ``stored`` the ``(key, cpu_block)`` pairs to write (a key the
+          tier holds already is not written again), or ``None`` when it has no room (the chunk
+          saves nothing). Each pair becomes ``BlockCopy(gpu_block, cpu_block, key)``, the GPU
+          block read from the request's table ``block_ids[request_id]`` at the block's index;
+          ``saves[request_id]`` lists them, and a chunk with none adds no entry.
+        """
+        ### BEGIN SOLUTION
         metadata = KVConnectorMetadata(loads=self.pending)
         for request_id, copies in self.pending.items():
             self.loading[request_id] = [copy.key for copy in copies]
@@ -104,6 +133,7 @@ class OffloadingConnectorScheduler(KVConnectorScheduler):
                 if copies:
                     metadata.saves[chunk.request.id] = copies
         return metadata
+        ### END SOLUTION
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         for request_id in output.finished_recving:
@@ -186,8 +216,10 @@ class OffloadingConnectorWorker(KVConnectorWorker):
 
 
 def offloading_connector(num_cpu_blocks: int, block_size: int, policy: str = "lru",
-                         load_steps: int = 1, failing_keys: set[Key] | None = None
+                         load_steps: int = 1, failing_keys: set[Key] | None = None,
+                         scheduler_half: type = OffloadingConnectorScheduler
                          ) -> tuple[OffloadingConnectorScheduler, OffloadingConnectorWorker]:
-    """Both halves over one tier of ``num_cpu_blocks`` blocks evicted by ``policy``."""
-    return (OffloadingConnectorScheduler(CPUTier(num_cpu_blocks, policy), block_size),
+    """Both halves over one tier of ``num_cpu_blocks`` blocks evicted by ``policy``; the
+    scheduler half of class ``scheduler_half`` (the notebook's, say)."""
+    return (scheduler_half(CPUTier(num_cpu_blocks, policy), block_size),
             OffloadingConnectorWorker(num_cpu_blocks, load_steps, failing_keys))

@@ -13,12 +13,18 @@ tier, and the rest, computed::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from course.chunked_scheduler import ChunkedRequest, Schedule
-from course.connector_engine import ConnectorScheduler, connector_round, connector_schedule_step
+from course.connector_engine import (
+    ConnectorScheduler,
+    admit_with_connector,
+    connector_round,
+    connector_schedule_step,
+)
 from course.kv_connector import KVConnectorMetadata
-from course.offload_tier import CPUTier
+from course.offload_tier import CPUTier, Key
 from course.offloading_connector import (
     BlockCopy,
     OffloadingConnectorScheduler,
@@ -29,14 +35,18 @@ from course.prefix_sim import PrefixRequest
 
 class DryRunWorker(OffloadingConnectorWorker):
     """The offloading worker's bookkeeping (loads land ``load_steps`` steps after they start,
-    saves are reported done) without a pool to copy to or from; a block counts
-    ``block_bytes``."""
+    those of ``failing_keys`` reported failed, saves reported done) without a pool to copy to
+    or from; a block counts ``block_bytes``."""
 
-    def __init__(self, num_cpu_blocks: int, block_bytes: int, load_steps: int = 1) -> None:
-        super().__init__(num_cpu_blocks, load_steps)
+    def __init__(self, num_cpu_blocks: int, block_bytes: int, load_steps: int = 1,
+                 failing_keys: set[Key] | None = None) -> None:
+        super().__init__(num_cpu_blocks, load_steps, failing_keys)
         self.block_bytes = block_bytes
 
     def load(self, copy: BlockCopy) -> None:
+        pass
+
+    def fail(self, copy: BlockCopy) -> None:
         pass
 
     def save_kv_layer(self, layer: int) -> None:
@@ -79,11 +89,13 @@ class TierReport:
 def serve_tiered(requests: list[PrefixRequest], block_size: int, gpu_blocks: int,
                  cpu_blocks: int, policy: str = "lru", block_bytes: int = 0,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 16,
-                 max_steps: int = 100_000) -> TierReport:
+                 max_steps: int = 100_000, admit: Callable = admit_with_connector,
+                 scheduler_half: type = OffloadingConnectorScheduler) -> TierReport:
     """Serve ``requests`` (each joining once the one it follows has finished) on a pool of
-    ``gpu_blocks`` with a CPU tier of ``cpu_blocks`` (``cpu_blocks=0``: no tier)."""
+    ``gpu_blocks`` with a CPU tier of ``cpu_blocks`` (``cpu_blocks=0``: no tier), admitted by
+    ``admit``, the tier's scheduler half of class ``scheduler_half``."""
     tier = CPUTier(max(cpu_blocks, 1), policy)
-    connector = (OffloadingConnectorScheduler if cpu_blocks else NoTier)(tier, block_size)
+    connector = (scheduler_half if cpu_blocks else NoTier)(tier, block_size)
     worker = DryRunWorker(max(cpu_blocks, 1), block_bytes)
     scheduler = ConnectorScheduler(gpu_blocks, block_size, max_num_batched_tokens, connector,
                                    max_num_seqs)
@@ -99,7 +111,7 @@ def serve_tiered(requests: list[PrefixRequest], block_size: int, gpu_blocks: int
         if steps == max_steps:
             raise RuntimeError(f"requests still unfinished after {max_steps} steps")
         steps += 1
-        plan = scheduler.step(connector_schedule_step)
+        plan = scheduler.step(lambda s: connector_schedule_step(s, admit=admit))
         connector_round(scheduler, worker, plan, lambda: None)
         for chunk in plan.chunks:
             request = chunk.request

@@ -5,13 +5,12 @@ every transfer is settled."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from course import connector_demo as demo
 from course.chunked_engine import serve_chunked
 from course.connector_demo import conversations
 from course.connector_engine import ConnectorEngine, ConnectorScheduler
@@ -23,7 +22,6 @@ from course.disaggregated import (
     serve_disaggregated,
 )
 from course.offloading_connector import offloading_connector
-from course.prefix_cache import prefix_keys
 from course.tiny_model import TinyModel, generate_contiguous
 
 MODEL = TinyModel()
@@ -38,42 +36,16 @@ def assert_contiguous(finished: list, count: int) -> None:
             torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
-def failing(requests: list, block_size: int, fraction: float, seed: int) -> set:
-    """A ``fraction`` of the requests' block keys, drawn with ``seed``."""
-    keys = sorted({key for r in requests for key in prefix_keys(r.prompt, block_size)})
-    rng = random.Random(seed)
-    return {key for key in keys if rng.random() < fraction}
-
-
-def serve_offloading(num_blocks: int, block_size: int, budget: int, cpu_blocks: int,
-                     load_steps: int = 1, fail: float = 0.0, policy: str = "lru",
-                     seed: int = 0, count: int = 12):
-    requests = conversations(count, seed)
-    connector = offloading_connector(cpu_blocks, block_size, policy, load_steps,
-                                     failing(requests, block_size, fail, seed))
-    engine = ConnectorEngine(MODEL, num_blocks, block_size, budget, connector)
-    finished = serve_chunked(engine, requests)
-    return engine, finished
+def serve_offloading(*scenario, **options):
+    return demo.serve_offloading(MODEL, *scenario, **options)
 
 
 def assert_settled(engine: ConnectorEngine) -> None:
     """Every block back in the pool, no load in flight, nothing half stored."""
-    scheduler, tier = engine.scheduler, engine.connector.tier
-    assert engine.manager.num_free_blocks() == engine.manager.num_blocks
-    assert not (scheduler.loading or scheduler.received or scheduler.sending)
-    assert not engine.worker.in_flight.jobs and not engine.connector.loading
-    assert not tier.loading and set(tier.block_of) == tier.ready
-    assert len(tier.block_of) + len(tier.free_blocks) == engine.worker.num_cpu_blocks
+    assert not demo.unsettled(engine)
 
 
-SCENARIOS = {  # id: (num_blocks, block_size, budget, cpu_blocks, load_steps, fail, policy)
-    "loads-of-one-step": (10, 4, 16, 64, 1, 0.0, "lru"),
-    "loads-of-four-steps": (10, 4, 16, 64, 4, 0.0, "arc"),
-    "chunked-prefill-budget-3": (8, 4, 3, 64, 2, 0.0, "lru"),
-    "failed-loads": (10, 4, 16, 64, 2, 0.4, "lru"),
-    "preemption-and-failures": (12, 2, 8, 64, 2, 0.3, "arc"),
-    "tiny-tier": (10, 4, 16, 3, 1, 0.0, "arc"),
-}
+SCENARIOS = demo.OFFLOAD_SCENARIOS
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS.values(), ids=SCENARIOS.keys())
@@ -92,12 +64,12 @@ def test_the_scenarios_reach_what_they_are_named_for():
                 sum(len(r.preempted) for r in engine.records),
                 max(len(r.chunks) for r in engine.records))
 
-    assert reached("loads-of-one-step")[0] > 0
-    assert reached("loads-of-four-steps")[0] > 0
-    assert reached("failed-loads")[1] > 0
-    loaded, recomputed, preempted, _ = reached("preemption-and-failures")
+    assert reached("loads of one step")[0] > 0
+    assert reached("loads of four steps")[0] > 0
+    assert reached("failed loads")[1] > 0
+    loaded, recomputed, preempted, _ = reached("preemption and failures")
     assert loaded and recomputed and preempted
-    assert reached("chunked-prefill-budget-3")[3] >= 2
+    assert reached("chunked prefill, budget 3")[3] >= 2
 
 
 @settings(max_examples=25, deadline=None, derandomize=True, database=None,
@@ -147,7 +119,7 @@ def test_a_request_whose_kv_is_loading_waits_while_the_others_run(load_steps):
 
 def test_a_failed_block_is_computed_again_from_its_first_token():
     requests = conversations(12, 0)
-    every_key = failing(requests, 4, 1.0, 0)
+    every_key = demo.failing_keys(requests, 4, 1.0, 0)
     engine = ConnectorEngine(MODEL, 10, 4, 16, offloading_connector(64, 4, "lru", 2,
                                                                     every_key))
     finished = serve_chunked(engine, requests)
@@ -181,19 +153,14 @@ class IgnoresFailures(ConnectorScheduler):
 def test_the_equality_catches_an_engine_that_trusts_a_failed_load():
     requests = conversations(12, 0)
     engine = ConnectorEngine(MODEL, 10, 4, 16, offloading_connector(
-        64, 4, "lru", 2, failing(requests, 4, 0.4, 0)))
+        64, 4, "lru", 2, demo.failing_keys(requests, 4, 0.4, 0)))
     engine.scheduler.__class__ = IgnoresFailures
     finished = serve_chunked(engine, requests)
     with pytest.raises(AssertionError):
         assert_contiguous(finished, 12)
 
 
-PAIRS = {  # id: (prefill_blocks, decode_blocks, block_size, budget, load_steps, lease_steps)
-    "one-step-loads": (32, 32, 4, 16, 1, 64),
-    "slow-loads-chunked": (16, 20, 4, 5, 3, 64),
-    "blocks-of-2-short-lease": (16, 20, 2, 8, 2, 2),
-    "lease-shorter-than-load": (12, 16, 4, 16, 4, 3),
-}
+PAIRS = demo.PAIR_SCENARIOS
 
 
 def serve_pair(prefill_blocks, decode_blocks, block_size, budget, load_steps, lease_steps,
@@ -215,9 +182,9 @@ def test_a_prefill_and_decode_pair_generates_what_one_engine_does(config):
 
 
 def test_the_pair_hands_kv_over_unless_the_lease_runs_out():
-    pair, _ = serve_pair(*PAIRS["one-step-loads"])
+    pair, _ = serve_pair(*PAIRS["loads of one step"])
     assert pair.decode.worker.bytes_loaded and not pair.decode.scheduler.recomputed_tokens
-    pair, _ = serve_pair(*PAIRS["lease-shorter-than-load"])
+    pair, _ = serve_pair(*PAIRS["lease shorter than the load"])
     assert not pair.decode.worker.bytes_loaded and pair.decode.scheduler.recomputed_tokens
 
 

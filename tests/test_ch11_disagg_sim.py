@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from course.chunked_demo import latency_workload
-from course.disagg_sim import TimedLoads, one_or_two_engines, prefill_decode_pair
+from course.disagg_sim import TimedLoads, latency_chart, one_or_two_engines, prefill_decode_pair
 from course.serving_sim import opt13b_a100_40gb
 
 
@@ -39,3 +39,15 @@ def test_every_setup_serves_every_token_and_the_pair_keeps_decodes_apart():
         assert report.output_tokens == outputs and report.ttft_p50 <= report.ttft_p99
     one, two, pair = reports
     assert pair.tbt_p99 < one.tbt_p99 / 2 and pair.tbt_p99 < two.tbt_p99 / 2
+
+
+def test_the_latency_chart_draws_each_setups_four_figures_in_milliseconds():
+    reports = [one_or_two_engines(1, 512), prefill_decode_pair(512)]
+    figure = latency_chart(reports)
+    assert [trace.name for trace in figure.data] == [
+        "time to first token, P50", "time to first token, P99", "time between tokens, P50",
+        "time between tokens, P99"]
+    for trace, field in zip(figure.data, ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99"),
+                            strict=True):
+        assert list(trace.x) == [r.setup for r in reports]
+        assert list(trace.y) == pytest.approx([1000 * getattr(r, field) for r in reports])
