@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 PORT ?= 8888
 
-.PHONY: setup lab test check lint exercises screenshots bench bench-kernels bench-grading gpu-check \
+.PHONY: setup lab test check lint book exercises screenshots bench bench-kernels bench-grading gpu-check \
         doctor wheel hub clean
 
 # The environment is (re)built when the dependency lists in pyproject.toml change, not when
@@ -48,7 +48,7 @@ $(INSTALLED):
 	    $(BIN)/python -m pip download --quiet --no-deps --dest $(TORCH_WHEEL) $(TORCH_CPU); \
 	fi
 	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode \
-	    $$(find $(TORCH_WHEEL) -name 'torch-*.whl' 2>/dev/null) -e '.[grader,dev,hub,cluster]'
+	    $$(find $(TORCH_WHEEL) -name 'torch-*.whl' 2>/dev/null) -e '.[grader,dev,hub,cluster,book]'
 	rm -rf $(TORCH_WHEEL)
 	$(BIN)/python -m course doctor
 	rm -f $(VENV)/.installed*
@@ -89,6 +89,11 @@ check: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+# The web edition: every chapter run (cached in .book-cache/) and built, in English and Chinese,
+# into a static site; the last line printed is its index.html.
+book: setup
+	$(BIN)/python -m autograder book build/book
 
 # Regenerate the learner notebooks in exercises/ from solutions/ with nbgrader.
 exercises: setup

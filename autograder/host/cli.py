@@ -9,6 +9,7 @@
     python -m autograder release
     python -m autograder repository URL
     python -m autograder bench [--vs-nbgrader | --breakdown | --learners N] ...
+    python -m autograder book [DEST] [--chapters 1,11]
 
 ``grade-all`` takes nbgrader's ``submitted/`` folder (or the course directory holding it), a
 folder of ``<learner>/<NN_slug>.ipynb``, or a zip of uploads from a learning platform in
@@ -118,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
                          "them; never the open course's, which holds every answer)")
 
     commands.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
+    site = commands.add_parser("book", help="build the web edition: every chapter run, in "
+                               "English and Chinese, as a static site; prints its index.html")
+    site.add_argument("destination", type=Path, nargs="?", default=REPO / "build" / "book",
+                      metavar="DEST", help="where the site goes (default: build/book)")
+    site.add_argument("--chapters", default="all", help="for example 1,11 (default: all)")
     measuring = commands.add_parser("bench", help="grading throughput, where a notebook's time "
                                     "goes, the grader against stock nbgrader "
                                     "(`python -m autograder bench --help`)", add_help=False)
@@ -402,6 +408,18 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "translations":
         return _translations(args.check)
+
+    if args.command == "book":
+        from autograder.builder.book import BookError, build
+        from autograder.builder.classdir import parse_chapters
+
+        try:
+            index = build(args.destination, parse_chapters(args.chapters, chapters()))
+        except (ValueError, BookError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(index)
+        return 0
 
     if args.command == "repository":
         from autograder.builder.repository import set_url

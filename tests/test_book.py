@@ -1,0 +1,185 @@
+"""The web edition (``make book``) in a real browser: a site of two chapters, built as the whole
+one is, served on loopback and opened in Chromium. A chapter page draws its charts, the Chinese
+edition reads in Chinese, the language switch and the Colab link lead where they say, and no
+page shows an error. No request may leave the machine: the site works offline."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import threading
+
+import nbformat
+import pytest
+from browser_lab import CHROMIUM_FLAGS, LOOPBACK, chromium, missing
+from conftest import CHAPTERS
+
+from autograder.builder import book
+
+SHOWN = [c for c in CHAPTERS if c.number in ("01", "11")]  # charts in both, and quick to run
+FIRST = CHAPTERS[0]
+
+
+def _cell(source: str, outputs: list, grade_id: str | None = None):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.outputs = [nbformat.from_dict(o) for o in outputs]
+    if grade_id:
+        cell.metadata["nbgrader"] = {"grade": True, "grade_id": grade_id, "points": 1}
+    return cell
+
+
+def _error(name: str) -> dict:
+    return {"output_type": "error", "ename": name, "evalue": "x", "traceback": []}
+
+
+def test_a_page_drops_its_tests_failures_draws_charts_and_notes_widgets():
+    figure = {"data": [{"type": "scatter", "x": [1, 2], "y": [3, 4], "name": "</script>"}],
+              "layout": {"title": {"text": "t"}, "height": 300}}
+    widget = {"model_id": "m", "version_major": 2, "version_minor": 0}
+    notebook = nbformat.v4.new_notebook(cells=[
+        _cell("check()", [_error("CheckFailed")], grade_id="test_x"),
+        _cell("chart()", [{"output_type": "display_data", "metadata": {},
+                           "data": {book.PLOTLY: figure}}]),
+        _cell("animate()", [{"output_type": "display_data", "metadata": {},
+                             "data": {book.WIDGET: widget, "text/plain": "Box()"}}])])
+    page = book.publishable(notebook, FIRST, book.CHINESE)
+    links, test, chart, animation = page.cells
+    assert "English" in links.source and "在 Colab 中打开" in links.source
+    assert FIRST.name in links.source and "exercises/zh_CN/" in links.source
+    assert test.outputs == []
+    html = chart.outputs[0]["data"]["text/html"]
+    assert 'class="course-chart" style="height:300px"' in html and "Plotly.newPlot(" in html
+    assert "<\\/script>" in html and html.count("</script>") == 1  # the name cannot end it
+    assert animation.outputs[0]["data"] == {
+        "text/html": f"<p><em>{book.CHINESE.animation}</em></p>"}
+    assert notebook.cells[0].outputs  # the run notebook itself is left as it was
+
+
+def test_an_error_outside_the_test_cells_stops_the_build():
+    notebook = nbformat.v4.new_notebook(cells=[_cell("demo()", [_error("NameError")])])
+    with pytest.raises(book.BookError, match="cell 0: NameError"):
+        book.publishable(notebook, FIRST, book.ENGLISH)
+
+
+def test_links_point_into_the_site():
+    text = ("[one](exercises/01_kv_cache_sizing.ipynb) [two](exercises/02_x.ipynb) "
+            "[zh](README.zh-CN.md) [manual](docs/instructors.md#untrusted-notebooks) "
+            "[code](course/kv_sizing.py) [web](https://example.org) [here](#the-chapters) "
+            "![picture](docs/images/a.png)")
+    english = book.pointed(text, "README.md", "", book.ENGLISH, ["01_kv_cache_sizing"])
+    assert '<a href="01_kv_cache_sizing.html">one</a>' in english
+    assert "/blob/main/exercises/02_x.ipynb)" in english  # no page for it: GitHub
+    assert '<a href="zh_CN/index.html">zh</a>' in english
+    assert '<a href="docs/instructors.html#untrusted-notebooks">manual</a>' in english
+    assert "[code](https://github.com/" in english and "/blob/main/course/kv_sizing.py)" in english
+    assert "[web](https://example.org)" in english and "[here](#the-chapters)" in english
+    assert "![picture](/docs/images/a.png)" in english
+    chinese = book.pointed("[one](exercises/zh_CN/01_kv_cache_sizing.ipynb) [en](README.md) "
+                           "[manual](docs/instructors.md)", "README.zh-CN.md", "zh_CN",
+                           book.CHINESE, ["01_kv_cache_sizing"])
+    assert '<a href="01_kv_cache_sizing.html">one</a>' in chinese
+    assert '<a href="../index.html">en</a>' in chinese
+    assert '<a href="../docs/instructors.html">manual</a>' in chinese
+    from_docs = book.pointed("[readme](../README.md) [shot](images/a.png)", "docs/x.md",
+                             "docs", book.ENGLISH, [])
+    assert '<a href="../index.html">readme</a>' in from_docs
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # one line per file served: not the test's output
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    reason = missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser tests cannot run in CI: {reason}")
+        pytest.skip(f"browser tests need Chromium and Playwright: {reason}")
+    root = tmp_path_factory.mktemp("site") / "book"
+    index = book.build(root, SHOWN)
+    assert index == root / "index.html" and index.exists()
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", root
+    server.shutdown()
+
+
+@pytest.fixture
+def page(site):
+    from playwright.sync_api import sync_playwright
+
+    refused: list[str] = []
+    with sync_playwright() as playwright:
+        chrome = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_FLAGS)
+        context = chrome.new_context(viewport={"width": 1280, "height": 900})
+
+        def only_loopback(route):
+            if route.request.url.startswith(LOOPBACK):
+                route.continue_()
+            else:
+                refused.append(route.request.url)
+                route.abort()
+
+        context.route("**/*", only_loopback)
+        yield context.new_page()
+        chrome.close()
+    assert not refused, f"the site tried to reach the network (refused): {refused}"
+
+
+def _no_error_shown(page) -> None:
+    """No output shows an error: none of MyST-NB's error outputs, and no traceback's text."""
+    assert page.locator(".cell_output .traceback, .cell_output .stderr").count() == 0
+    for output in page.locator(".cell_output").all():
+        text = output.inner_text()
+        assert "Traceback" not in text and "Error:" not in text, text
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("chapter", SHOWN, ids=lambda c: c.name)
+def test_a_chapter_page_draws_its_charts_and_shows_no_error(chapter, site, page):
+    from playwright.sync_api import expect
+
+    url, root = site
+    page.goto(f"{url}/{chapter.name}.html")
+    charts = page.locator(".course-chart")
+    expect(charts.first).to_be_attached()
+    for chart in charts.all():
+        chart.scroll_into_view_if_needed()
+        expect(chart.locator(".main-svg").first).to_be_visible()
+    assert page.locator(".course-chart").count() == \
+        (root / f"{chapter.name}.html").read_text(encoding="utf-8").count('class="course-chart"')
+    _no_error_shown(page)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("chapter", SHOWN, ids=lambda c: c.name)
+def test_the_chinese_page_reads_in_chinese_and_switches_back(chapter, site, page):
+    url, _ = site
+    page.goto(f"{url}/zh_CN/{chapter.name}.html")
+    heading = page.locator("main h1").first.inner_text()
+    assert re.search(r"[\u4e00-\u9fff]", heading), heading
+    _no_error_shown(page)
+    colab = page.get_by_role("link", name="在 Colab 中打开")
+    assert colab.get_attribute("href").endswith(f"exercises/zh_CN/{chapter.name}.ipynb")
+    page.get_by_role("link", name="English", exact=True).first.click()
+    page.wait_for_url(f"{url}/{chapter.name}.html")
+    assert not re.search(r"[\u4e00-\u9fff]", page.locator("main h1").first.inner_text())
+
+
+@pytest.mark.browser
+def test_the_index_pages_lead_to_the_chapters_and_the_instructors_manual(site, page):
+    url, root = site
+    page.goto(f"{url}/index.html")
+    page.get_by_role("link", name=re.compile("KV beyond one GPU")).first.click()
+    page.wait_for_url(f"{url}/11_kv_beyond_one_gpu.html")
+    page.goto(f"{url}/zh_CN/index.html")
+    assert re.search(r"[\u4e00-\u9fff]", page.locator("main h1").first.inner_text())
+    assert (root / "docs" / "instructors.html").exists()
+    for html in root.rglob("*.html"):
+        text = html.read_text(encoding="utf-8")
+        assert 'class="output traceback' not in text and "output_error" not in text, html
