@@ -37,13 +37,17 @@ def _error(name: str) -> dict:
 def test_a_page_drops_its_tests_failures_draws_charts_and_notes_widgets():
     figure = {"data": [{"type": "scatter", "x": [1, 2], "y": [3, 4], "name": "</script>"}],
               "layout": {"title": {"text": "t"}, "height": 300}}
-    widget = {"model_id": "m", "version_major": 2, "version_minor": 0}
+    widget = {"model_id": "m", "version_major": 2, "version_minor": 0}  # a slider over a frame
     notebook = nbformat.v4.new_notebook(cells=[
         _cell("check()", [_error("CheckFailed")], grade_id="test_x"),
         _cell("chart()", [{"output_type": "display_data", "metadata": {},
                            "data": {book.PLOTLY: figure}}]),
         _cell("animate()", [{"output_type": "display_data", "metadata": {},
                              "data": {book.WIDGET: widget, "text/plain": "Box()"}}])])
+    notebook.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
+        "m": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_s", "IPY_MODEL_h"]}},
+        "s": {"model_name": "IntSliderModel", "state": {"value": 0}},
+        "h": {"model_name": "HTMLModel", "state": {"value": "<b>frame 0</b>"}}}}}
     page = book.publishable(notebook, FIRST, book.CHINESE)
     links, test, chart, animation = page.cells
     assert "English" in links.source and "在 Colab 中打开" in links.source
@@ -52,8 +56,9 @@ def test_a_page_drops_its_tests_failures_draws_charts_and_notes_widgets():
     html = chart.outputs[0]["data"]["text/html"]
     assert 'class="course-chart" style="height:300px"' in html and "Plotly.newPlot(" in html
     assert "<\\/script>" in html and html.count("</script>") == 1  # the name cannot end it
-    assert animation.outputs[0]["data"] == {
-        "text/html": f"<p><em>{book.CHINESE.animation}</em></p>"}
+    assert animation.outputs[0]["data"] == {"text/html": '<div class="course-still"><b>frame 0'
+                                            f"</b></div><p><em>{book.CHINESE.animation}</em></p>"}
+    assert "widgets" not in page.metadata  # the state was for the still alone
     assert notebook.cells[0].outputs  # the run notebook itself is left as it was
 
 

@@ -9,7 +9,7 @@ project's notebook reader, kept by the same people as Jupyter Book) in the Book 
     exercises/NN_slug.ipynb ──run──> outputs ──publishable──> NN_slug.ipynb ──Sphinx──> NN_slug.html
         test cells: their "not written yet" failures dropped (the site grades nothing)
         plotly charts: drawn by the plotly.js the site ships (interactive, offline)
-        widgets: a note that the animation plays in the notebook
+        widgets: their first view, still, and a note that they play in the notebook
     README.md, docs/*.md ──links to the pages──> index.html, docs/*.html
     README.zh-CN.md       ──────────────────────> zh_CN/index.html
 
@@ -40,6 +40,7 @@ CACHE = REPO / ".book-cache"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 DOCS = ("instructors", "benchmarks")  # the instructor's pages
+RUNS = "with widget state"  # how a notebook is run: a change here runs every one again
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,13 @@ class Language:
     readme: str
     other: str  # the other edition's name, in its own language
     colab: str  # "Open in Colab", in this language
-    animation: str  # the note that replaces a widget
+    animation: str  # the note under a widget's still
 
 
 ENGLISH = Language("en", "", "README.md", "简体中文", "Open in Colab",
-                   "An animation: run the notebook (JupyterLab or Colab) to play it.")
+                   "Its first view: run the notebook (JupyterLab or Colab) to play it.")
 CHINESE = Language("zh_CN", "zh_CN", "README.zh-CN.md", "English", "在 Colab 中打开",
-                   "这是一段动画：在 JupyterLab 或 Colab 中运行 notebook 即可播放。")
+                   "这是它的第一个画面：在 JupyterLab 或 Colab 中运行 notebook 即可播放。")
 LANGUAGES = (ENGLISH, CHINESE)
 
 
@@ -76,7 +77,7 @@ def exercise(chapter: Chapter, language: Language) -> Path:
 def _fingerprint(notebook: Path) -> str:
     """What a run depends on: the notebook and the library it imports (the checks its test
     cells call do not count: the page drops what they print)."""
-    digest = hashlib.sha256(notebook.read_bytes())
+    digest = hashlib.sha256(RUNS.encode() + notebook.read_bytes())
     for folder in ("course", "kernels"):
         for path in sorted((REPO / folder).rglob("*")):
             if path.suffix in (".py", ".po", ".json") and "__pycache__" not in path.parts:
@@ -95,7 +96,7 @@ def run(notebook: Path, timeout: int = 900) -> nbformat.NotebookNode:
     print(f"running {notebook.relative_to(REPO)}", flush=True)
     executed = nbformat.read(notebook, as_version=4)
     NotebookClient(executed, timeout=timeout, kernel_name="python3", allow_errors=True,
-                   store_widget_state=False,
+                   store_widget_state=True,
                    resources={"metadata": {"path": str(notebook.parent)}}).execute()
     CACHE.mkdir(exist_ok=True)
     for stale in CACHE.glob(f"{notebook.parent.name}-{notebook.stem}-*.ipynb"):
@@ -110,9 +111,11 @@ def run(notebook: Path, timeout: int = 900) -> nbformat.NotebookNode:
 def publishable(notebook: nbformat.NotebookNode, chapter: Chapter, language: Language
                 ) -> nbformat.NotebookNode:
     """The run notebook as a page shows it: test cells without their failures, charts drawn
-    by the site's plotly.js, widgets as a note to run the notebook, a line of links first (the
-    other language, Colab). Any other error output stops the build."""
+    by the site's plotly.js, widgets as their first view (still) with a note, a line of links
+    first (the other language, Colab). Any other error output stops the build."""
     page = nbformat.from_dict(json.loads(json.dumps(notebook)))
+    states = page.metadata.pop("widgets", {}).get(
+        "application/vnd.jupyter.widget-state+json", {}).get("state", {})
     for index, cell in enumerate(page.cells):
         if cell.cell_type != "code":
             continue
@@ -127,10 +130,23 @@ def publishable(notebook: nbformat.NotebookNode, chapter: Chapter, language: Lan
             data = output.get("data", {})
             if PLOTLY in data:
                 output["data"] = {"text/html": _chart(data[PLOTLY])}
-            elif WIDGET in data:  # its view needs a kernel; its text is a repr, not a picture
-                output["data"] = {"text/html": f"<p><em>{language.animation}</em></p>"}
+            elif WIDGET in data:  # it plays with a kernel: its first view, still
+                still = _still(data[WIDGET]["model_id"], states)
+                output["data"] = {"text/html": f'<div class="course-still">{still}</div>'
+                                               f"<p><em>{language.animation}</em></p>"}
     page.cells.insert(0, nbformat.v4.new_markdown_cell(_links(chapter, language)))
     return page
+
+
+def _still(model_id: str, states: dict) -> str:
+    """A widget's first view, as the HTML its views held when the notebook ran (the course's
+    animations draw each frame as an HTML widget's value; sliders and buttons show nothing)."""
+    model = states.get(model_id, {})
+    state = model.get("state", {})
+    if model.get("model_name") == "HTMLModel":
+        return state.get("value", "")
+    return "".join(_still(child.removeprefix("IPY_MODEL_"), states)
+                   for child in state.get("children", []))
 
 
 def _chart(figure: dict) -> str:
