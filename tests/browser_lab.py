@@ -45,6 +45,33 @@ def missing() -> str | None:
     return None
 
 
+def require_browser() -> None:
+    """Skip the calling fixture's tests, saying why, where Chromium or Playwright is missing;
+    in CI (``CI`` set) fail instead, so that they never pass by not running."""
+    import pytest
+
+    reason = missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser tests cannot run in CI: {reason}")
+        pytest.skip(f"browser tests need Chromium and Playwright: {reason}")
+
+
+def keep_on_loopback(context) -> list[str]:
+    """Let ``context``'s pages reach loopback only; return the list each refused URL joins."""
+    refused: list[str] = []
+
+    def only_loopback(route) -> None:
+        if route.request.url.startswith(LOOPBACK):
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_loopback)
+    return refused
+
+
 @dataclass
 class Lab:
     """A running JupyterLab: its URL, token and the folder it serves."""

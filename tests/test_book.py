@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
 import re
 import threading
 
 import nbformat
 import pytest
-from browser_lab import CHROMIUM_FLAGS, LOOPBACK, chromium, missing
+from browser_lab import CHROMIUM_FLAGS, chromium, keep_on_loopback, require_browser
 from conftest import CHAPTERS
 
 from autograder.builder import book
@@ -99,11 +98,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    reason = missing()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser tests cannot run in CI: {reason}")
-        pytest.skip(f"browser tests need Chromium and Playwright: {reason}")
+    require_browser()
     root = tmp_path_factory.mktemp("site") / "book"
     index = book.build(root, SHOWN)
     assert index == root / "index.html" and index.exists()
@@ -114,25 +109,23 @@ def site(tmp_path_factory):
     server.shutdown()
 
 
-@pytest.fixture
-def page(site):
+@pytest.fixture(scope="module")
+def browser(site):
     from playwright.sync_api import sync_playwright
 
-    refused: list[str] = []
     with sync_playwright() as playwright:
         chrome = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_FLAGS)
-        context = chrome.new_context(viewport={"width": 1280, "height": 900})
-
-        def only_loopback(route):
-            if route.request.url.startswith(LOOPBACK):
-                route.continue_()
-            else:
-                refused.append(route.request.url)
-                route.abort()
-
-        context.route("**/*", only_loopback)
-        yield context.new_page()
+        yield chrome
         chrome.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page that may only reach the loopback server."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    refused = keep_on_loopback(context)
+    yield context.new_page()
+    context.close()
     assert not refused, f"the site tried to reach the network (refused): {refused}"
 
 

@@ -19,7 +19,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from browser_lab import CHROMIUM_FLAGS, LOOPBACK, chromium, jupyter_lab, missing, run_all
+from browser_lab import (
+    CHROMIUM_FLAGS,
+    chromium,
+    jupyter_lab,
+    keep_on_loopback,
+    require_browser,
+    run_all,
+)
 from conftest import CHAPTERS, REPO
 from notebook_variants import without_hidden_tests
 
@@ -35,11 +42,7 @@ BY_NUMBER = {c.number: c for c in CHAPTERS}
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    reason = missing()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser tests cannot run in CI: {reason}")
-        pytest.skip(f"browser tests need Chromium and Playwright: {reason}")
+    require_browser()
     root = tmp_path_factory.mktemp("lab")
     for folder in ("solutions", "exercises"):
         shutil.copytree(REPO / folder, root / folder)
@@ -63,16 +66,7 @@ def browser(lab):
 def page(browser, lab, request):
     """A fresh page that may only reach the loopback server; screenshot saved on failure."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    refused: list[str] = []
-
-    def only_loopback(route):
-        if route.request.url.startswith(LOOPBACK):
-            route.continue_()
-        else:
-            refused.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", only_loopback)
+    refused = keep_on_loopback(context)
     tab = context.new_page()
     yield tab
     report = getattr(request.node, "report_call", None)
