@@ -29,8 +29,10 @@ from __future__ import annotations
 import ast
 import difflib
 import io
+import itertools
 import re
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +53,7 @@ LABELS = ("title", "xaxis_title", "yaxis_title", "title_text", "x_title", "y_tit
           "subplot_titles", "description", "series", "ceilings")
 GLOSSARY = REPO / "docs" / "glossary.zh_CN.md"
 
-_DIRECTIVE = re.compile(r"^#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)|^#!|^#\s*(noqa|type:)")
+_DIRECTIVE = re.compile(r"^#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)|^#!|^#\s*type:")
 
 
 @dataclass(frozen=True)
@@ -72,32 +74,34 @@ def module_texts(path: Path, marked_only: bool = False, labels: bool = False) ->
     widget's text, and unless ``marked_only`` every other one that reads as prose (docstrings
     left out)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
-                                | ast.ClassDef)
-                  and node.body and isinstance(node.body[0], ast.Expr)}
-    marked = {id(call.args[0]) for call in ast.walk(tree)
+    marked = {call.args[0] for call in ast.walk(tree)
               if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
               and call.func.id in MARKS and call.args}
     if labels:
-        marked |= {id(value) for value in _labels(tree)}
-    inner = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
-             for v in node.values}
+        marked |= set(_labels(tree))
+    docstrings = set(_first_expressions(tree))
+    inner = {v for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
     strings = [node for node in ast.walk(tree)
-               if isinstance(node, ast.Constant | ast.JoinedStr) and id(node) not in inner
-               and id(node) not in docstrings and (id(node) in marked or not marked_only)]
+               if (isinstance(node, ast.JoinedStr)
+                   or isinstance(node, ast.Constant) and isinstance(node.value, str))
+               and node not in inner and node not in docstrings
+               and (node in marked or not marked_only)]
     found = []
     for node in strings:
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            text, template = node.value, False
-        elif isinstance(node, ast.JoinedStr):
-            text, template = _template(node), True
-        else:
-            continue
-        if id(node) in marked or _is_prose(text, template):
+        template = isinstance(node, ast.JoinedStr)
+        text = _template(node) if template else node.value
+        if (node in marked or _is_prose(text, template)) and text.strip():
             found.append(Text(text.strip(), f"{path.relative_to(REPO)}:{node.lineno}",
                               template))
-    return [t for t in found if t.english]
+    return found
+
+
+def _first_expressions(tree: ast.AST) -> list[ast.expr]:
+    """The expression that each module, class and function opens with, where one does: its
+    docstring, when that is a string."""
+    return [node.body[0].value for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and node.body and isinstance(node.body[0], ast.Expr)]
 
 
 def _labels(tree: ast.AST) -> list[ast.expr]:
@@ -145,11 +149,14 @@ def notebook_texts(path: Path) -> list[Text]:
     notebook = nbformat.read(path, as_version=4)
     found = [Text(notebook.metadata["course"]["title"], "metadata.course.title")]
     for index, cell in enumerate(notebook.cells):
-        where = f"{path.name}:cell {index}"
-        pieces = (markdown_pieces(cell.source) if cell.cell_type == "markdown"
-                  else code_pieces(cell.source))
-        found += [Text(piece.english, where, piece.template) for piece in pieces]
+        found += [Text(piece.english, f"{path.name}:cell {index}", piece.template)
+                  for piece in _pieces(cell)]
     return found
+
+
+def _pieces(cell: nbformat.NotebookNode) -> list[Piece]:
+    return (markdown_pieces(cell.source) if cell.cell_type == "markdown"
+            else code_pieces(cell.source))
 
 
 @dataclass(frozen=True)
@@ -208,56 +215,49 @@ def code_pieces(source: str) -> list[Piece]:
     string literals a cell prints."""
     sanitized = "\n".join(" " * len(line) if line.lstrip().startswith(("%", "!")) else line
                           for line in source.split("\n"))
-    offsets = _line_offsets(source)
-    pieces = _comments(sanitized, offsets)
+    pieces = _comments(sanitized)
     try:
         tree = ast.parse(sanitized)
     except SyntaxError:
         return pieces
-    pieces += _docstrings(tree, source, offsets) + _printed(tree, sanitized, offsets)
+    pieces += _docstrings(tree, source) + _printed(tree, sanitized)
     return sorted(pieces, key=lambda p: p.start)
 
 
-def _line_offsets(source: str) -> list[int]:
-    offsets, at = [0], 0
-    for line in source.split("\n"):
-        at += len(line) + 1
-        offsets.append(at)
-    return offsets
+def _index(source: str) -> Callable[[tuple[int, int]], int]:
+    """From a (line, column) position in ``source``, as ``tokenize`` gives it, to its index."""
+    offsets = [0, *itertools.accumulate(len(line) + 1 for line in source.split("\n"))]
+    return lambda position: offsets[position[0] - 1] + position[1]
 
 
-def _comments(source: str, offsets: list[int]) -> list[Piece]:
+def _comments(source: str) -> list[Piece]:
     try:
         tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
                   if t.type == tokenize.COMMENT]
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return []
-    lines = source.split("\n")
+    lines, at = source.split("\n"), _index(source)
     pieces: list[Piece] = []
     run: list[tokenize.TokenInfo] = []
 
     def close() -> None:
         if run:
-            first, last = run[0], run[-1]
-            text = "\n".join(_comment_text(t.string) for t in run)
+            text = "\n".join(t.string[1:].removeprefix(" ") for t in run)
             if re.search(r"[A-Za-z]{2,}", text):
-                pieces.append(Piece(offsets[first.start[0] - 1] + first.start[1],
-                                    offsets[last.end[0] - 1] + last.end[1], text, "comment",
-                                    " " * first.start[1]))
+                pieces.append(Piece(at(run[0].start), at(run[-1].end), text, "comment",
+                                    " " * run[0].start[1]))
             run.clear()
 
     for token in tokens:
         row, col = token.start
         whole_line = not lines[row - 1][:col].strip()
-        if _DIRECTIVE.search(token.string) or token.string.startswith("#@"):
+        if _DIRECTIVE.search(token.string) or token.string.startswith("#@") \
+                or "noqa" in token.string:
             close()
             if token.string.startswith("#@title "):
-                start = offsets[row - 1] + col + len("#@title ")
-                pieces.append(Piece(start, start + len(token.string) - len("#@title "),
-                                    token.string[len("#@title "):], "block"))
-            continue
-        if "noqa" in token.string:
-            close()
+                title = token.string.removeprefix("#@title ")
+                start = at(token.start) + len("#@title ")
+                pieces.append(Piece(start, start + len(title), title, "block"))
             continue
         follows = run and whole_line and row == run[-1].start[0] + 1 \
             and col == run[-1].start[1]
@@ -270,28 +270,16 @@ def _comments(source: str, offsets: list[int]) -> list[Piece]:
     return pieces
 
 
-def _comment_text(comment: str) -> str:
-    text = comment[1:]
-    return text[1:] if text.startswith(" ") else text
-
-
-def _docstrings(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
+def _docstrings(tree: ast.AST, source: str) -> list[Piece]:
     pieces = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef
-                          | ast.ClassDef) or not node.body:
+    for literal in _first_expressions(tree):
+        if not (isinstance(literal, ast.Constant) and isinstance(literal.value, str)):
             continue
-        first = node.body[0]
-        if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                and isinstance(first.value.value, str)):
-            continue
-        literal = first.value
-        start, end = _span(literal, source, offsets)
-        quote = source[start:start + 3] if source[start:start + 3] in ('"""', "'''") else None
-        if quote is None:
+        start, end = _span(literal, source)
+        if source[start:start + 3] not in ('"""', "'''"):
             continue
         inside, at = source[start + 3:end - 3], start + 3
-        indent = " " * (start - offsets[literal.lineno - 1])
+        indent = " " * (start - source.rfind("\n", 0, start) - 1)
         for match in re.finditer(r"(?:[^\n]*\S[^\n]*(?:\n|$))+", inside):
             lead = len(match.group()) - len(match.group().lstrip())
             lines = match.group()[lead:].rstrip().split("\n")
@@ -303,17 +291,17 @@ def _docstrings(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
     return pieces
 
 
-def _span(node: ast.expr, source: str, offsets: list[int]) -> tuple[int, int]:
+def _span(node: ast.expr, source: str) -> tuple[int, int]:
     """Where ``node`` is in ``source``, in characters (``ast`` counts a line's UTF-8 bytes)."""
-    lines = source.split("\n")
+    lines, index = source.split("\n"), _index(source)
 
     def at(line: int, byte: int) -> int:
-        return offsets[line - 1] + len(lines[line - 1].encode()[:byte].decode())
+        return index((line, len(lines[line - 1].encode()[:byte].decode())))
 
     return at(node.lineno, node.col_offset), at(node.end_lineno, node.end_col_offset)
 
 
-def _printed(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
+def _printed(tree: ast.AST, source: str) -> list[Piece]:
     """Each string literal an argument of ``print(...)`` (or either branch of one: ``print(a if
     same else b)``), or a chart's or widget's text (``title=`` ...), is made of: its text
     between the quotes, holes as written."""
@@ -326,16 +314,17 @@ def _printed(tree: ast.AST, source: str, offsets: list[int]) -> list[Piece]:
     for argument in printed + labels:
         if not isinstance(argument, ast.Constant | ast.JoinedStr):
             continue
-        start, end = _span(argument, source, offsets)
+        start, end = _span(argument, source)
         for token_start, token_end in _string_tokens(source[start:end]):
             literal = source[start + token_start:start + token_end]
             prefix = re.match(r"[A-Za-z]*", literal).group()
             quote = 3 if literal[len(prefix):len(prefix) + 3] in ('"""', "'''") else 1
             inner_start = start + token_start + len(prefix) + quote
             inner = source[inner_start:start + token_end - quote]
-            if _is_prose(inner, "f" in prefix.lower(), argument in labels):
+            template = "f" in prefix.lower()
+            if _is_prose(inner, template, argument in labels):
                 pieces.append(Piece(inner_start, inner_start + len(inner), inner, "string",
-                                    template="f" in prefix.lower()))
+                                    template=template))
     return pieces
 
 
@@ -348,17 +337,15 @@ def _branches(node: ast.expr) -> list[ast.expr]:
 
 def _string_tokens(code: str) -> list[tuple[int, int]]:
     """The (start, end) of each string literal in ``code`` (an expression)."""
-    offsets = _line_offsets(code)
-    spans, opened = [], None
+    at, spans, opened = _index(code), [], None
     for token in tokenize.generate_tokens(io.StringIO(code).readline):
         name = tokenize.tok_name[token.type]
-        at = offsets[token.start[0] - 1] + token.start[1]
         if name == "STRING":
-            spans.append((at, offsets[token.end[0] - 1] + token.end[1]))
+            spans.append((at(token.start), at(token.end)))
         elif name == "FSTRING_START":  # Python 3.12 and later
-            opened = at
+            opened = at(token.start)
         elif name == "FSTRING_END" and opened is not None:
-            spans.append((opened, offsets[token.end[0] - 1] + token.end[1]))
+            spans.append((opened, at(token.end)))
             opened = None
     return spans
 
@@ -370,13 +357,12 @@ def domains() -> dict[Path, list[Text]]:
     language = TRANSLATED[0]
     found: dict[Path, list[Text]] = {}
     for chapter in chapters().values():
-        found[locale_folder(SOLUTIONS, language) / f"{chapter.name}.po"] = \
-            notebook_texts(chapter.source)
+        found[notebook_catalogue(chapter, language)] = notebook_texts(chapter.source)
         number = chapter.number
         modules = [*sorted((grader / "checks").glob(f"ch{number}*.py")),
                    *sorted((grader / "hidden").glob(f"ch{number}*.py"))]
         found[locale_folder(grader, language) / f"ch{number}.po"] = [
-            t for m in modules if m.exists() for t in module_texts(m)]
+            t for m in modules for t in module_texts(m)]
     found[locale_folder(grader, language) / "grader.po"] = grader_texts()
     library = REPO / "course"
     found[locale_folder(library, language) / "course.po"] = [
@@ -420,15 +406,15 @@ def update(path: Path, texts: list[Text], language: str,
     are dropped. Return the English of every entry without a current translation."""
     import polib
 
-    old = polib.pofile(str(path)) if path.exists() else polib.POFile()
-    known = {e.msgid: e for e in old if not e.obsolete}
+    known = _entries(path)
     catalogue = polib.POFile(wrapwidth=100)
     catalogue.metadata = {"Project-Id-Version": "paged-kv-course",
                           "Language": language, "MIME-Version": "1.0",
                           "Content-Type": "text/plain; charset=UTF-8",
                           "Content-Transfer-Encoding": "8bit"}
     merged: dict[str, polib.POEntry] = {}
-    gone = [e for msgid, e in known.items() if msgid not in {t.english for t in texts}]
+    english = {t.english for t in texts}
+    gone = {msgid: e for msgid, e in known.items() if msgid not in english}
     for text in texts:
         entry = merged.get(text.english)
         if entry is None:
@@ -441,7 +427,7 @@ def update(path: Path, texts: list[Text], language: str,
     return [e.msgid for e in catalogue if not e.msgstr or "fuzzy" in e.flags]
 
 
-def _entry(text: Text, before, gone: list, compendium: dict[str, str]):
+def _entry(text: Text, before, gone: dict, compendium: dict[str, str]):
     import polib
 
     flags = [BRACE] if text.template else []
@@ -451,9 +437,9 @@ def _entry(text: Text, before, gone: list, compendium: dict[str, str]):
                              previous_msgid=before.previous_msgid)
     if compendium.get(text.english):
         return polib.POEntry(msgid=text.english, msgstr=compendium[text.english], flags=flags)
-    nearest = difflib.get_close_matches(text.english, [e.msgid for e in gone], n=1, cutoff=0.6)
+    nearest = difflib.get_close_matches(text.english, gone, n=1, cutoff=0.6)
     if nearest:
-        was = next(e for e in gone if e.msgid == nearest[0])
+        was = gone[nearest[0]]
         return polib.POEntry(msgid=text.english, msgstr=was.msgstr, flags=[*flags, "fuzzy"],
                              previous_msgid=was.msgid)
     return polib.POEntry(msgid=text.english, msgstr="", flags=flags)
@@ -463,10 +449,7 @@ def stale(path: Path, texts: list[Text]) -> list[str]:
     """What ``path``'s catalogue lacks for ``texts``: one line per text with no translation,
     a fuzzy one (its English changed), a template not flagged as one, or a translation that
     lost or added a hole."""
-    import polib
-
-    entries = ({e.msgid: e for e in polib.pofile(str(path)) if not e.obsolete}
-               if path.exists() else {})
+    entries = _entries(path)
     problems = []
     for text in {t.english: t for t in texts}.values():
         entry = entries.get(text.english)
@@ -476,7 +459,7 @@ def stale(path: Path, texts: list[Text]) -> list[str]:
         elif "fuzzy" in entry.flags:
             problems.append(f"{where}: the English changed, the translation did not "
                             f"(was {entry.previous_msgid!r}, now {text.english!r})")
-        elif text.template and "python-brace-format" not in entry.flags:
+        elif text.template and BRACE not in entry.flags:
             problems.append(f"{where}: {text.english!r} is a template, and its entry lacks "
                             "the python-brace-format flag (without it, its holes are read as "
                             "words and the hint is never translated)")
@@ -485,6 +468,15 @@ def stale(path: Path, texts: list[Text]) -> list[str]:
             problems.append(f"{where}: the translation of {text.english!r} must keep its "
                             f"holes {sorted(set(split_template(text.english)[1::2]))}")
     return problems
+
+
+def _entries(path: Path) -> dict:
+    """A catalogue's entries (not obsolete ones) by English: none where it is not written yet."""
+    import polib
+
+    if not path.exists():
+        return {}
+    return {e.msgid: e for e in polib.pofile(str(path)) if not e.obsolete}
 
 
 def compendium(language: str) -> dict[str, str]:
@@ -515,10 +507,8 @@ def build(source: Path, catalogue: Path, language: str) -> nbformat.NotebookNode
     course["title"] = words.get(course["title"], course["title"])
     course["language"] = language
     for cell in notebook.cells:
-        pieces = (markdown_pieces(cell.source) if cell.cell_type == "markdown"
-                  else code_pieces(cell.source))
         text = cell.source
-        for piece in reversed(pieces):
+        for piece in reversed(_pieces(cell)):
             if piece.english in words:
                 text = text[:piece.start] + piece.written(words[piece.english]) + \
                     text[piece.end:]
