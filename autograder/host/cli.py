@@ -195,13 +195,6 @@ def _absolute_db(url: str) -> str:
     return url
 
 
-def _write_json(destination: Path, results: list[NotebookResult], always_list: bool) -> None:
-    payload = [r.to_json() for r in results]
-    if len(payload) == 1 and not always_list:
-        payload = payload[0]
-    destination.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-
-
 def _finish(results: list[NotebookResult]) -> int:
     """Print each report, then an error line per file not graded; the exit code."""
     for result in results:
@@ -232,8 +225,10 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
     results = [submission.result for submission in submissions]
     for result in results:
         result.learner = ""
-    if args.json:
-        _write_json(args.json, results, always_list=len(args.notebooks) > 1)
+    if args.json:  # one notebook's results alone, several notebooks' in a list
+        payload = [result.to_json() for result in results]
+        payload = payload if len(payload) > 1 else payload[0]
+        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return _finish(results)
 
 
@@ -380,14 +375,14 @@ def _translations(check: bool) -> int:
     for path, texts in domains().items():
         for language in TRANSLATED:
             catalogue = catalogue_path(path, language)
-            missing = stale(catalogue, texts) if check else \
-                update(catalogue, texts, language, known[language])
-            left += len(missing)
             if check:
+                missing = stale(catalogue, texts)
                 for line in missing:
                     print(line)
             else:
+                missing = update(catalogue, texts, language, known[language])
                 print(f"{catalogue.relative_to(REPO)}: {len(missing)} to translate")
+            left += len(missing)
     print(f"{left} texts without a current translation")
     return 1 if check and left else 0
 
@@ -442,10 +437,6 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             selected = parse_chapters(args.chapters, chapters())
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        try:
             repository = class_repository(args.repository)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
