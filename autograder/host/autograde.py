@@ -46,7 +46,7 @@ import nbformat
 
 from autograder.hints import in_language
 from autograder.host import configuration
-from autograder.host.chapters import NotGradable
+from autograder.host.chapters import NotGradable, test_cells_of
 from autograder.host.configuration import COURSE_ID
 from autograder.host.flagging import flagged_line
 from autograder.host.nbgrader_main import SCORES
@@ -152,8 +152,8 @@ class Grader:
         ``restore.Unmatched`` (no answer cell of it could be matched); a notebook that flags,
         hangs or crashes gets zero with the reason."""
         template = self.template(job.chapter, job.source)
-        grading = Grading(job, _test_cells(job.source), _released(template, job.chapter),
-                          template)
+        tests = test_cells_of(nbformat.reads(job.source, as_version=4).cells)
+        grading = Grading(job, tests, _released(template, job.chapter), template)
         try:
             for step in STEPS:  # the last, ``report``, always gives an outcome
                 outcome = self.step(step, grading)
@@ -329,13 +329,6 @@ def _not_run(notebook: nbformat.NotebookNode, reason: str) -> nbformat.NotebookN
             cell.outputs = [nbformat.v4.new_output("error", ename=NOT_GRADED, evalue=reason,
                                                    traceback=[])]
     return marked
-
-
-def _test_cells(source: str) -> list[tuple[str, float]]:
-    """(grade id, points) of every graded test cell of a chapter's source, in order."""
-    return [(c.metadata["nbgrader"]["grade_id"], float(c.metadata["nbgrader"]["points"]))
-            for c in nbformat.reads(source, as_version=4).cells
-            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
 
 
 def _configure(root: Path, limits: Limits, course_id: str, scratch: Path | None = None

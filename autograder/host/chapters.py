@@ -34,10 +34,10 @@ class Chapter:
 
     def test_cells(self) -> list[tuple[str, float]]:
         """(grade id, points) of every graded test cell, in notebook order."""
-        return _test_cells(self.source)
+        return test_cells_of(_cells(self.source))
 
     def grade_ids(self) -> frozenset[str]:
-        return _grade_ids(self.source)
+        return frozenset(filter(None, map(grade_id_of, _cells(self.source))))
 
     def source_in(self, language: str | None) -> Path:
         """The instructor's notebook in ``language`` (None or English: ``source``). A
@@ -92,59 +92,58 @@ def _same_text(one: Path, other: Path) -> bool:
 
 
 @cache
-def _test_cells(source: Path) -> list[tuple[str, float]]:
-    cells = []
-    for cell in nbformat.read(source, as_version=4).cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if meta.get("grade") and cell.cell_type == "code":
-            cells.append((meta["grade_id"], float(meta["points"])))
-    return cells
+def _cells(source: Path) -> list[nbformat.NotebookNode]:
+    """The cells of an instructor's notebook, read once."""
+    return nbformat.read(source, as_version=4).cells
 
 
-@cache
-def _grade_ids(source: Path) -> frozenset[str]:
-    return frozenset(c.metadata["nbgrader"]["grade_id"]
-                     for c in nbformat.read(source, as_version=4).cells
-                     if c.metadata.get("nbgrader", {}).get("grade_id"))
+def test_cells_of(cells: list[nbformat.NotebookNode]) -> list[tuple[str, float]]:
+    """(grade id, points) of every graded test cell among ``cells``, in order."""
+    graded = [cell.metadata["nbgrader"] for cell in cells
+              if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade")]
+    return [(meta["grade_id"], float(meta["points"])) for meta in graded]
 
 
-def load_submission(path: Path, origin: str | None = None) -> nbformat.NotebookNode:
+def grade_id_of(cell: dict) -> str | None:
+    """A cell's nbgrader grade id (a cell of a notebook as nbformat or JSON reads it), if any."""
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def load_submission(path: Path) -> nbformat.NotebookNode:
     """Read a learner's notebook, or raise ``NotGradable`` saying in one line what is wrong
-    (naming the file as ``origin``). In English: a file not read names no language."""
-    name = origin or str(path)
+    with it (not naming it: the reports do). In English: a file not read names no language."""
     if not path.exists():
-        raise NotGradable(f"{name}: no such file")
+        raise NotGradable("no such file")
     if not path.is_file():
-        raise NotGradable(f"{name}: not a file")
+        raise NotGradable("not a file")
     if path.suffix != ".ipynb":
-        raise NotGradable(f"{name}: not a notebook (expected a .ipynb file)")
+        raise NotGradable("not a notebook (expected a .ipynb file)")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise NotGradable(f"{name}: cannot be read ({exc})") from None
+        raise NotGradable(f"cannot be read ({exc})") from None
     if not text.strip():
-        raise NotGradable(f"{name}: the file is empty")
+        raise NotGradable("the file is empty")
     try:
         json.loads(text)
     except json.JSONDecodeError as exc:
         raise NotGradable(
-            f"{name}: corrupt notebook, not valid JSON (line {exc.lineno}, column {exc.colno}: "
+            f"corrupt notebook, not valid JSON (line {exc.lineno}, column {exc.colno}: "
             f"{exc.msg}); open it in Jupyter or restore it from a checkpoint"
         ) from None
     try:
         notebook = nbformat.reads(text, as_version=4)
     except Exception as exc:
-        raise NotGradable(f"{name}: not a Jupyter notebook ({type(exc).__name__}: {exc})") \
-            from None
+        raise NotGradable(f"not a Jupyter notebook ({type(exc).__name__}: {exc})") from None
     if not isinstance(notebook.get("cells"), list):
-        raise NotGradable(f"{name}: not a Jupyter notebook (it has no cells)")
+        raise NotGradable("not a Jupyter notebook (it has no cells)")
     return notebook
 
 
 def recognise(notebook: nbformat.NotebookNode, known: dict[str, Chapter]) -> Chapter | None:
     """The chapter whose cells the notebook holds: the one sharing the most grade ids that
     no other chapter has, else the one its metadata names; None when nothing tells."""
-    held = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in notebook.cells}
+    held = set(map(grade_id_of, notebook.cells))
     counts = {}
     for name, chapter in known.items():
         others = set().union(*(c.grade_ids() for n, c in known.items() if n != name))

@@ -112,9 +112,10 @@ def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
     read(entries, run.known)
     course = run.course
     state = _load_state(run.state)
-    done, todo = [0], [0]
+    done = 0
 
     def on_result(entry: Submission) -> None:
+        nonlocal done
         if entry.result.graded:
             try:
                 course.record(entry.learner, entry.chapter, entry.executed)
@@ -122,13 +123,13 @@ def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
                 entry.refuse(f"nbgrader could not record its grade ({exc})")
             else:
                 _remember(state, entry, run.state)
-        done[0] += 1
+        done += 1
         if progress:
-            _progress(done[0], todo[0], entry)
+            _progress(done, todo, entry)
 
     try:
-        for chapter in {e.target.name: e.target for e in entries if e.target}.values():
-            course.register(chapter.name)
+        for chapter in dict.fromkeys(e.target.name for e in entries if e.target):
+            course.register(chapter)
         for entry in entries:
             if entry.target is not None:
                 course.stage(entry.path, entry.learner, entry.chapter, entry.timestamp)
@@ -140,13 +141,11 @@ def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
                         entry.refuse(f"nbgrader could not record its new time ({exc})")
                     else:
                         _remember(state, entry, run.state)
-        todo[0] = sum(e.result is None and e.target is not None for e in entries)
+        todo = sum(e.result is None and e.target is not None for e in entries)
         grade(entries, run.grader, run.runner, on_result)
     except KeyboardInterrupt:
         run.stopped = "stopped (Ctrl-C)"
-    except GradebookTampered as exc:
-        run.stopped = f"stopped: {exc}"
-    except NotRecorded as exc:  # a chapter nbgrader could not register
+    except (GradebookTampered, NotRecorded) as exc:  # NotRecorded: a chapter not registered
         run.stopped = f"stopped: {exc}"
     finally:
         for entry in entries:
@@ -154,8 +153,8 @@ def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
                 entry.refuse("not graded: grading stopped before it was")
             elif not entry.result.graded and entry.learner and not entry.ignored:
                 course.add_learner(entry.learner)
-                page = course.feedback(entry.learner, entry.chapter) if entry.chapter else None
-                if page is not None and not page.exists():  # never over a page nbgrader wrote
+                page = course.feedback(entry.learner, entry.chapter)
+                if not page.exists():  # never over a page nbgrader wrote
                     _refusal_page(entry, page)
         write_csv(run.csv, course, entries)
         if run.json:
@@ -204,7 +203,7 @@ def checks_of(number: str) -> list[Path]:
 def _remember(state: dict, entry: Submission, path: Path) -> None:
     state[_key(entry)] = {"sha256": entry.digest, "graded_by": entry.graded_by,
                           "timestamp": entry.when, "result": entry.result.to_json()}
-    _save_state(path, state)
+    path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _key(entry: Submission) -> str:
@@ -217,10 +216,6 @@ def _load_state(path: Path) -> dict:
     state = json.loads(path.read_text(encoding="utf-8"))
     # keep only entries keyed by (learner, chapter); older keys are graded again
     return {k: v for k, v in state.items() if k.startswith("[")}
-
-
-def _save_state(path: Path, state: dict) -> None:
-    path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def write_csv(destination: Path, course: ClassCourse, entries: list[Submission]) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import difflib
 import re
 import zipfile
 from collections.abc import Iterable
@@ -99,13 +100,12 @@ def collect(folder: Path, slugs: Iterable[str], origin_of=None, time_of=None,
     problems: list[Submission] = []
     if course is not None:
         problems += _empty_hand_ins(root, slugs)
-    paths = [path for path in sorted(root.rglob("*.ipynb")) if not any(
-        part.startswith(".") for part in path.relative_to(root).parts)]  # not checkpoints
-    loose = [path.name for path in paths if not _in_a_folder_layout(
-        path.relative_to(root).parts, slugs)]
+    notebooks = {path: path.relative_to(root).parts for path in sorted(root.rglob("*.ipynb"))}
+    notebooks = {path: parts for path, parts in notebooks.items()
+                 if not any(part.startswith(".") for part in parts)}  # not checkpoints
+    loose = [parts[-1] for parts in notebooks.values() if not _in_a_folder_layout(parts, slugs)]
     canvas = bool(loose) and all(CANVAS.match(name) for name in loose)
-    for path in paths:
-        parts = path.relative_to(root).parts
+    for path, parts in notebooks.items():
         located = _locate(parts, slugs, canvas)
         if isinstance(located, str):
             problems.append(_refused(origin_of(path), located))
@@ -118,16 +118,20 @@ def collect(folder: Path, slugs: Iterable[str], origin_of=None, time_of=None,
                                          "the file back)", chapter=chapter))
                 continue
             learner = roster[learner]
-        stamp = _nbgrader_timestamp(path.parent) if len(parts) >= 3 and \
-            parts[-2] == chapter else None
+        stamp = _nbgrader_timestamp(path.parent) if _in_a_hand_in(parts, slugs) else None
         found.append(Submission(origin_of(path), learner, chapter, stamp or time_of(path),
                                 path))
     return _without_duplicates(found, problems)
 
 
+def _in_a_hand_in(parts: tuple[str, ...], slugs: list[str]) -> bool:
+    """Whether a file sits in nbgrader's hand-in folder, ``<learner>/<NN_slug>/``."""
+    return len(parts) >= 3 and parts[-2] in slugs
+
+
 def _in_a_folder_layout(parts: tuple[str, ...], slugs: list[str]) -> bool:
     """Whether a file sits in nbgrader's hand-in folder or a Moodle submission folder."""
-    return (len(parts) >= 3 and parts[-2] in slugs) or any(map(MOODLE.match, parts[:-1]))
+    return _in_a_hand_in(parts, slugs) or any(map(MOODLE.match, parts[:-1]))
 
 
 def _locate(parts: tuple[str, ...], slugs: list[str], canvas_names: bool = False
@@ -135,23 +139,23 @@ def _locate(parts: tuple[str, ...], slugs: list[str], canvas_names: bool = False
     """(learner, chapter) from a path relative to the class folder, or why not. Names are
     read as Canvas's (``canvas_names``) only when every loose file of the download has
     Canvas's form: a class's own ``<learner>_<NN_slug>`` names are never reread."""
-    if len(parts) >= 3 and parts[-2] in slugs:
+    if _in_a_hand_in(parts, slugs):
         return parts[-3], parts[-2]
     canvas = CANVAS.match(parts[-1]) if canvas_names else None
-    moodle = next((m for m in map(MOODLE.match, parts[:-1]) if m), None)
-    if canvas or moodle:
-        platform = canvas or moodle
-        named = split_name(canvas["file"] if canvas else parts[-1], slugs)
-        chapter = named[1] if named else _near_match(canvas["file"] if canvas else parts[-1],
-                                                     slugs, contained_only=True)
+    platform = canvas or next(filter(None, map(MOODLE.match, parts[:-1])), None)
+    if platform:
+        file_name = canvas["file"] if canvas else parts[-1]
+        named = split_name(file_name, slugs)
+        chapter = named[1] if named else _near_match(file_name, slugs, contained_only=True)
         if chapter:
             return platform["learner"], chapter
     named = split_name(parts[-1], slugs)
-    if named is not None and named[0]:
-        return named
-    if named is not None and len(parts) >= 2:
-        return parts[-2], named[1]
     if named is not None:
+        learner, chapter = named
+        if learner:
+            return named
+        if len(parts) >= 2:
+            return parts[-2], chapter
         return (f"{parts[-1]} names its chapter but no learner: put it in a folder named after "
                 "the learner, or name it <learner>_<NN_slug>.ipynb")
     near = _near_match(parts[-1], slugs)
@@ -167,8 +171,6 @@ def _locate(parts: tuple[str, ...], slugs: list[str], canvas_names: bool = False
 def _near_match(file_name: str, slugs: list[str], contained_only: bool = False) -> str | None:
     """The chapter a misnamed file most likely is: one whose slug the name contains (say
     ``erin_01_kv_cache_sizing-1.ipynb``, a platform's second upload), else the closest."""
-    import difflib
-
     stem = file_name.removesuffix(".ipynb")
     inside = [slug for slug in slugs if slug in stem]
     if inside or contained_only:

@@ -6,6 +6,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from autograder.hints import in_language
+from autograder.host.chapters import grade_id_of
 from course.language import ENGLISH, aligned, columns, tr_later
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -69,9 +70,8 @@ def result_of(chapter: str, tests: list[tuple[str, float]], learner: str, origin
     """Per test cell (``tests``: grade id and points, in order): its points from ``scores``,
     and the hint its failure left in the ``executed`` notebook (``reason`` for every test of a
     notebook not run at all), in the notebook's ``language``."""
-    outputs = {cell["metadata"]["nbgrader"]["grade_id"]: cell.get("outputs", [])
-               for cell in (executed or {}).get("cells", [])
-               if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
+    outputs = {grade_id_of(cell): cell.get("outputs", [])
+               for cell in (executed or {}).get("cells", []) if grade_id_of(cell)}
     found = []
     for grade_id, max_points in tests:
         points = 0.0 if reason else float(scores.get(grade_id, 0.0))

@@ -84,9 +84,9 @@ def read(submissions: list[Submission], known: dict[str, Chapter]) -> None:
         if submission.result is not None:
             continue
         try:
-            submission.notebook = load_submission(submission.path, submission.origin)
+            submission.notebook = load_submission(submission.path)
         except NotGradable as exc:
-            submission.refuse(str(exc).removeprefix(f"{submission.origin}: "))
+            submission.refuse(str(exc))
             continue
         submission.digest = hashlib.sha256(submission.path.read_bytes()).hexdigest()
         actual = recognise(submission.notebook, known)
