@@ -51,15 +51,12 @@ def span(lines: list[str], node: ast.stmt) -> tuple[int, int]:
 
 
 def find(module: str, qualname: str) -> tuple[list[str], ast.stmt]:
-    lines, tree = source_tree(module)
-    body = tree.body
-    node = None
+    lines, node = source_tree(module)
     for part in qualname.split("."):
-        node = next((n for n in body if isinstance(n, ast.FunctionDef | ast.ClassDef)
+        node = next((n for n in node.body if isinstance(n, ast.FunctionDef | ast.ClassDef)
                      and n.name == part), None)
         if node is None:
             raise LookupError(f"{module} defines no {qualname}")
-        body = node.body
     return lines, node
 
 

@@ -52,16 +52,15 @@ def arm(chapter: str | None = None) -> None:
         Path(os.environ[TIMINGS]).write_text(json.dumps([started, time.time()]))
 
 
-def install_tripwires(slug: str) -> list[str]:
-    """Make each answer of chapter ``slug`` a tripwire, wherever the library binds it; return
-    their names. Nothing for an unknown chapter."""
-    from autograder.answers import chapter_answers
+def install_tripwires(slug: str) -> None:
+    """Make each answer of chapter ``slug`` a tripwire, wherever the library binds it. Nothing
+    for an unknown chapter."""
+    from autograder.answers import LIBRARY, chapter_answers
     from autograder.borrowing import tripwire
     from autograder.table import PARTS
 
     if slug not in PARTS:
-        return []
-    names = []
+        return
     for module_name, qualname in chapter_answers(slug):
         module = importlib.import_module(module_name)
         owner_name, _, name = qualname.rpartition(".")
@@ -71,9 +70,7 @@ def install_tripwires(slug: str) -> list[str]:
         setattr(owner, name, replacement)
         if not owner_name:  # the same function bound in other library modules
             for other in list(sys.modules.values()):
-                if getattr(other, "__name__", "").split(".")[0] in ("course", "kernels"):
+                if getattr(other, "__name__", "").split(".")[0] in LIBRARY:
                     for attribute, value in list(vars(other).items()):
                         if value is original:
                             setattr(other, attribute, replacement)
-        names.append(qualname)
-    return names

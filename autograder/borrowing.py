@@ -61,17 +61,17 @@ def _message(name: str) -> str:
                        "use as the notebook says.")
 
 
-def _wrap_function(original: Callable, name: str) -> Callable:
-    def tripwire(*args: Any, **kwargs: Any) -> Any:
-        if _STATE["in_test"] and not _called_by_the_course(sys._getframe(1)):
-            raise BorrowedAnswer(_message(name))
-        return original(*args, **kwargs)
-
-    for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
-        setattr(tripwire, attribute, getattr(original, attribute, None))
-    tripwire.__kv_tripwire__ = name  # no __wrapped__: the original is not handed out
-    _ORIGINALS[id(tripwire)] = original
-    return tripwire
+def _refuse_if_borrowed(name: str, launched: bool = False) -> None:
+    """In a test, raise ``BorrowedAnswer`` unless the tripwire ``name`` was called by the
+    course's own code. A kernel's caller (``launched``) is whoever launched it: the first
+    caller outside the course's launchers and Triton."""
+    if not _STATE["in_test"]:
+        return
+    caller = sys._getframe(2)  # 0: here, 1: the tripwire, 2: its caller
+    while launched and caller is not None and caller.f_code.co_filename.startswith(_LAUNCHERS):
+        caller = caller.f_back
+    if caller is None or not caller.f_code.co_filename.startswith(_OWN):
+        raise BorrowedAnswer(_message(name))
 
 
 # tripwire -> the answer it stands for: for the hidden checks alone (a notebook cell that names
@@ -96,8 +96,7 @@ class _KernelTripwire:
         launch = self._original[grid]
 
         def launched(*args: Any, **kwargs: Any) -> Any:
-            if _STATE["in_test"] and not _called_by_the_course(_launcher(sys._getframe(1))):
-                raise BorrowedAnswer(_message(self.__kv_tripwire__))
+            _refuse_if_borrowed(self.__kv_tripwire__, launched=True)
             return launch(*args, **kwargs)
 
         return launched
@@ -105,32 +104,25 @@ class _KernelTripwire:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Called from inside another kernel (the interpreter runs kernels as Python): that
         kernel is the caller, so a learner's kernel that calls the course's is borrowing."""
-        if _STATE["in_test"] and not _called_by_the_course(_launcher(sys._getframe(1))):
-            raise BorrowedAnswer(_message(self.__kv_tripwire__))
+        _refuse_if_borrowed(self.__kv_tripwire__, launched=True)
         return self._original(*args, **kwargs)
-
-
-def _launcher(frame: Any) -> Any:
-    """The first frame, from ``frame`` up, outside the course's launchers and Triton."""
-    while frame is not None and frame.f_code.co_filename.startswith(_LAUNCHERS):
-        frame = frame.f_back
-    return frame
-
-
-def _called_by_the_course(frame: Any) -> bool:
-    return frame is not None and frame.f_code.co_filename.startswith(_OWN)
 
 
 def tripwire(original: Any, name: str) -> Any:
     """A stand-in for ``original`` (a function, a method or a Triton kernel), named ``name``
     in the message a borrowed use gets."""
-    if inspect.isfunction(original):
-        return _wrap_function(original, name)
-    return _KernelTripwire(original, name)
+    if not inspect.isfunction(original):
+        return _KernelTripwire(original, name)
 
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        _refuse_if_borrowed(name)
+        return original(*args, **kwargs)
 
-def is_tripwire(value: Any) -> bool:
-    return not inspect.isclass(value) and isinstance(getattr(value, "__kv_tripwire__", None), str)
+    for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
+        setattr(stand_in, attribute, getattr(original, attribute))
+    stand_in.__kv_tripwire__ = name  # no __wrapped__: the original is not handed out
+    _ORIGINALS[id(stand_in)] = original
+    return stand_in
 
 
 def _unwrapped(value: Any) -> Any:
@@ -148,16 +140,13 @@ def borrowed(subject: Any) -> str | None:
     """The name of the course's answer that ``subject`` (what a check is given) is or holds:
     a tripwire (also inside a partial, a cache or a bound method), or a class whose methods
     resolve to one (copied in, or inherited and not overridden); None when it holds none."""
-    if inspect.isclass(subject):
-        for name in dir(subject):
-            value = inspect.getattr_static(subject, name, None)
-            found = None if inspect.isclass(value) else borrowed(value)
-            if found is not None:
-                return found
-        return None
-    for layer in (subject, _unwrapped(subject)):
-        if is_tripwire(layer):
-            return layer.__kv_tripwire__
+    values = ((inspect.getattr_static(subject, name, None) for name in dir(subject))
+              if inspect.isclass(subject) else [subject])
+    for value in values:
+        for layer in (value, _unwrapped(value)):  # a class is no tripwire, nor looked into
+            name = getattr(layer, "__kv_tripwire__", None)
+            if isinstance(name, str) and not inspect.isclass(layer):
+                return name
     return None
 
 

@@ -88,7 +88,7 @@ def _watched(modules: list[str]) -> dict[str, object]:
         watched["torch.testing.assert_close"] = torch.testing.assert_close
         watched["torch.Tensor.__eq__"] = torch.Tensor.__eq__
     for module_name in ["autograder.guard", "autograder.private", *modules]:
-        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+        module = importlib.import_module(module_name)  # sys.modules' entry, if it has one
         watched[f"sys.modules[{module_name}]"] = sys.modules.get(module_name)
         for attribute, value in vars(module).items():
             if not attribute.startswith("__") and attribute not in _OWN_STATE:
