@@ -70,8 +70,7 @@ class BookError(Exception):
 
 
 def exercise(chapter: Chapter, language: Language) -> Path:
-    folder = EXERCISES if language is ENGLISH else EXERCISES / language.code
-    return folder / f"{chapter.name}.ipynb"
+    return EXERCISES / language.folder / f"{chapter.name}.ipynb"
 
 
 def _fingerprint(notebook: Path) -> str:
@@ -88,7 +87,8 @@ def _fingerprint(notebook: Path) -> str:
 def run(notebook: Path, timeout: int = 900) -> nbformat.NotebookNode:
     """``notebook`` run top to bottom in a fresh kernel (a test cell's failure is expected:
     its TODO is not written), from the cache where nothing it depends on changed."""
-    cached = CACHE / f"{notebook.parent.name}-{notebook.stem}-{_fingerprint(notebook)}.ipynb"
+    key = f"{notebook.parent.name}-{notebook.stem}"
+    cached = CACHE / f"{key}-{_fingerprint(notebook)}.ipynb"
     if cached.exists():
         return nbformat.read(cached, as_version=4)
     from nbclient import NotebookClient
@@ -99,7 +99,7 @@ def run(notebook: Path, timeout: int = 900) -> nbformat.NotebookNode:
                    store_widget_state=True,
                    resources={"metadata": {"path": str(notebook.parent)}}).execute()
     CACHE.mkdir(exist_ok=True)
-    for stale in CACHE.glob(f"{notebook.parent.name}-{notebook.stem}-*.ipynb"):
+    for stale in CACHE.glob(f"{key}-*.ipynb"):
         stale.unlink()
     nbformat.write(executed, cached)
     return executed
@@ -194,9 +194,9 @@ def pointed(text: str, source: str, here: str, language: Language, names: list[s
         repo_path, stem = in_repository(path), Path(path).stem
         if repo_path.startswith("exercises/") and stem in names:
             return _relative(here, language.folder, f"{stem}.html")
-        if repo_path in (ENGLISH.readme, CHINESE.readme):
-            edition = ENGLISH if repo_path == ENGLISH.readme else CHINESE
-            return _relative(here, edition.folder, "index.html") + anchor
+        for edition in LANGUAGES:
+            if repo_path == edition.readme:
+                return _relative(here, edition.folder, "index.html") + anchor
         if repo_path in (f"docs/{doc}.md" for doc in DOCS):
             return _relative(here, "docs", f"{stem}.html") + anchor
         return f"{url()}/blob/{BRANCH}/{repo_path}{anchor}"
@@ -288,7 +288,7 @@ def build(destination: Path, selected: list[Chapter] | None = None) -> Path:
                  if edition is language}
         root = sources / (language.folder or "en")
         _source_tree(root, language, pages)
-        out = destination / language.folder if language.folder else destination
+        out = destination / language.folder  # English at the root
         done = subprocess.run([sys.executable, "-m", "sphinx", "-q", "-b", "html", str(root),
                                str(out)], capture_output=True, text=True)
         if done.returncode:

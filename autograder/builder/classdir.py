@@ -16,12 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
-
-from autograder.builder.repository import set_setup_cell
+from autograder.builder.repository import write_setup_cell
 from autograder.host import configuration
 from autograder.host.chapters import Chapter
-from autograder.host.configuration import COURSE_ID
 
 
 def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:
@@ -44,7 +41,7 @@ def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:
     return [by_number[n] for n in sorted(set(wanted))]
 
 
-def write_course_dir(root: Path, selected: list[Chapter], course_id: str = COURSE_ID,
+def write_course_dir(root: Path, selected: list[Chapter], course_id: str = configuration.COURSE_ID,
                      exchange: Path | None = None, sandbox: bool = True,
                      repository: str = "") -> list[Path]:
     """Set up (or add chapters to) an nbgrader course directory; return what was written.
@@ -60,9 +57,6 @@ def write_course_dir(root: Path, selected: list[Chapter], course_id: str = COURS
     for chapter in selected:
         destination = root / "source" / chapter.name / f"{chapter.name}.ipynb"
         if not destination.exists():
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            notebook = nbformat.read(chapter.source, as_version=4)
-            set_setup_cell(notebook, repository)
-            nbformat.write(notebook, destination)
+            write_setup_cell(chapter.source, destination, repository)
             written.append(destination)
     return written

@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+import tomllib
 
 from autograder import kernel_side
 from autograder.answers import BEGIN, END, LIBRARY, chapter_answers, module_file, span
 from autograder.builder.render import load, subjects
-from autograder.builder.repository import set_setup_cell, url
+from autograder.builder.repository import PYPROJECT, url, write_setup_cell
 from autograder.builder.translation import TRANSLATED
 from autograder.host.chapters import EXERCISES, REPO, Chapter, chapters
 from autograder.private import record
@@ -70,8 +71,8 @@ def owners() -> dict[tuple[str, str], int]:
     return {answer: int(slug[:2]) for slug in PARTS for answer in chapter_answers(slug)}
 
 
-def stubbed(module: str, text: str, hide: dict[str, int]) -> str:
-    """``text`` of ``module`` with every answer region of the qualnames in ``hide`` (mapped to
+def stubbed(text: str, hide: dict[str, int]) -> str:
+    """``text`` of a module with every answer region of the qualnames in ``hide`` (mapped to
     their chapter) replaced by a stub at the region's indentation."""
     lines = text.splitlines()
     tree = ast.parse(text)
@@ -105,25 +106,32 @@ def _regions(lines: list[str], start: int, end: int, qualname: str, chapter: int
     return found
 
 
+def _copy(path: Path, destination: Path, text: str | None = None) -> None:
+    """Put the repository's file ``path`` at the same place under ``destination``; with
+    ``text``, that text in its stead."""
+    target = destination / path.relative_to(REPO)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if text is None:
+        shutil.copyfile(path, target)
+    else:
+        target.write_text(text, encoding="utf-8")
+
+
 def _copy_library(destination: Path, revealed: set[int]) -> None:
     hidden: dict[str, dict[str, int]] = {}
     for (module, qualname), chapter in owners().items():
         if chapter not in revealed:
             hidden.setdefault(module, {})[qualname] = chapter
     for package in LIBRARY:
-        source = module_file(package).parent
-        for path in sorted(source.rglob("*")):
-            relative = path.relative_to(source.parent)
+        for path in sorted(module_file(package).parent.rglob("*")):
+            relative = path.relative_to(REPO)
             if "__pycache__" in relative.parts or path.is_dir():
                 continue
-            target = destination / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
             module = ".".join(relative.with_suffix("").parts)
             if path.suffix == ".py" and module in hidden:
-                target.write_text(stubbed(module, path.read_text(encoding="utf-8"),
-                                          hidden[module]), encoding="utf-8")
+                _copy(path, destination, stubbed(path.read_text(encoding="utf-8"), hidden[module]))
             else:
-                shutil.copyfile(path, target)
+                _copy(path, destination)
 
 
 def recordings(destination: Path, included: list[Chapter] | None = None) -> list[Path]:
@@ -168,36 +176,24 @@ def _copy_checks(destination: Path, included: list[Chapter]) -> None:
     # build's packages and the hidden checks stay out), its package's docstring its own (the
     # house's map names folders an edition does not hold)
     for path in kernel_side():
-        target = destination / path.relative_to(REPO)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if path.name == "__init__.py":
-            target.write_text(_EDITION_PACKAGE, encoding="utf-8")
-        else:
-            shutil.copyfile(path, target)
+        _copy(path, destination, _EDITION_PACKAGE if path.name == "__init__.py" else None)
     for module in checks_modules(included):
-        target = destination / module_file(module).relative_to(REPO)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(module_file(module), target)
+        _copy(module_file(module), destination)
     # a chapter's hints are read with the catalogues of the chapters up to it (autograder.hints)
     last = max((int(c.number) for c in included), default=0)
     shipped = {"grader.po", *(f"ch{n:02d}.po" for n in range(1, last + 1))}
     for path in sorted((REPO / "autograder" / "locale").rglob("*.po")):
         if path.name in shipped:
-            target = destination / path.relative_to(REPO)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
+            _copy(path, destination)
     recordings(destination / "autograder" / "checks" / "recorded", included)
 
 
 def _exercises(destination: Path, included: list[Chapter], repository: str) -> None:
     for language in ("", *TRANSLATED):  # English at the top, each translation in its folder
-        folder = destination / "exercises" / language
-        folder.mkdir(parents=True, exist_ok=True)
         for chapter in included:
-            notebook = nbformat.read(EXERCISES / language / f"{chapter.name}.ipynb",
-                                     as_version=4)
-            set_setup_cell(notebook, repository, language or None)
-            nbformat.write(notebook, folder / f"{chapter.name}.ipynb")
+            notebook = Path(language, f"{chapter.name}.ipynb")
+            write_setup_cell(EXERCISES / notebook, destination / "exercises" / notebook,
+                             repository, language or None)
 
 
 _PYPROJECT = """\
@@ -265,17 +261,14 @@ def _readme(edition: Edition, wheel_name: str) -> str:
         textwrap.fill(paragraph, 92) + "\n\n" for paragraph in paragraphs).rstrip() + "\n"
 
 
-def _same_repository(one: str, other: str) -> bool:
-    def bare(address: str) -> str:
-        return address.strip().rstrip("/").removesuffix(".git").lower()
-
-    return bare(one) == bare(other)
+def _bare(address: str) -> str:
+    return address.strip().rstrip("/").removesuffix(".git").lower()
 
 
 def class_repository(repository: str | None) -> str:
     """``repository`` as a class's notebooks name it: ``""`` for none; the open course's own
     repository, which holds every answer, is refused."""
-    if repository and _same_repository(repository, url()):
+    if repository and _bare(repository) == _bare(url()):
         raise ValueError(f"{repository} is the open course's repository, which holds every "
                          "answer: name the class's own repository, or none")
     return repository or ""
@@ -285,8 +278,6 @@ def build(destination: Path, revealed: set[int], repository: str | None = None,
           wheel: bool = True) -> Edition:
     """Build the learner edition in ``destination`` (which must not exist yet); its notebooks
     install from ``repository`` (the class's), or with none only from the wheel beside them."""
-    import tomllib
-
     destination = destination.resolve()
     if destination.exists():
         raise FileExistsError(f"{destination} exists: choose a new folder")
@@ -303,7 +294,7 @@ def build(destination: Path, revealed: set[int], repository: str | None = None,
         indent=1) + "\n")
     _copy_checks(destination, edition.included)
     _exercises(destination, edition.included, edition.repository)
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
     dependencies = "[\n" + "".join(f"    {json.dumps(d)},\n" for d in project["dependencies"]) + "]"
     urls = f'\n[project.urls]\nRepository = "{edition.repository}"\n' if edition.repository else ""
     (destination / "pyproject.toml").write_text(_PYPROJECT.format(

@@ -61,11 +61,10 @@ def translate_solutions() -> list[Path]:
     written = []
     for language in TRANSLATED:
         for chapter in chapters().values():
-            notebook = clear_outputs(build(chapter.source, notebook_catalogue(chapter, language),
-                                           language))
+            notebook = build(chapter.source, notebook_catalogue(chapter, language), language)
             path = chapter.source_in(language)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(nbformat.writes(notebook) + "\n", encoding="utf-8")
+            nbformat.write(clear_outputs(notebook), path)
             written.append(path)
     return written
 

@@ -25,13 +25,13 @@ import ast
 import importlib
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import nbformat
 
 from autograder.answers import definition, find, holds_answer, span
+from autograder.host.chapters import grade_id_of
 from autograder.table import PARTS
 
-if TYPE_CHECKING:  # nbformat is slow to import, and the grading kernel needs none of it
-    import nbformat
 
 @dataclass(frozen=True)
 class Answer:
@@ -76,26 +76,20 @@ def _sources(notebook: nbformat.NotebookNode) -> dict[str, dict[str, str]]:
     return found
 
 
-def _grade_id(cell: nbformat.NotebookNode) -> str | None:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-
-
 def render_cell(source: str, where: dict[str, str]) -> str:
     """``source`` with each definition that ``where`` names replaced by the library's."""
     lines = source.splitlines()
+    definitions = [node for node in ast.parse(source).body
+                   if isinstance(node, ast.FunctionDef | ast.ClassDef)]
     if "skeleton" in where:
         module, owner = _target(where["skeleton"])
         replacement = {owner: skeleton(module, owner)}
     else:
         module, owner = _target(where["from"])
         prefix = f"{owner}." if owner else ""
-        replacement = {node.name: definition(module, prefix + node.name)
-                       for node in ast.parse(source).body
-                       if isinstance(node, ast.FunctionDef | ast.ClassDef)}
-    edits = []
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in replacement:
-            edits.append((*span(lines, node), replacement[node.name]))
+        replacement = {node.name: definition(module, prefix + node.name) for node in definitions}
+    edits = [(*span(lines, node), replacement[node.name])
+             for node in definitions if node.name in replacement]
     for start, end, text in sorted(edits, reverse=True):
         lines[start:end] = text.splitlines()
     return "\n".join(lines)
@@ -107,13 +101,13 @@ def render(notebook: nbformat.NotebookNode) -> list[str]:
     sources = _sources(notebook)
     changed = []
     for cell in notebook.cells:
-        where = sources.get(_grade_id(cell))
+        where = sources.get(grade_id_of(cell))
         if cell.cell_type != "code" or where is None:
             continue
         rendered = render_cell(cell.source, where)
         if rendered != cell.source:
             cell.source = rendered
-            changed.append(_grade_id(cell))
+            changed.append(grade_id_of(cell))
     return changed
 
 
@@ -122,7 +116,7 @@ def answers(notebook: nbformat.NotebookNode) -> list[Answer]:
     sources = _sources(notebook)
     found = []
     for cell in notebook.cells:
-        where = sources.get(_grade_id(cell), {}).get("from")
+        where = sources.get(grade_id_of(cell), {}).get("from")
         if cell.cell_type != "code" or where is None:
             continue
         module, owner = _target(where)
@@ -130,7 +124,7 @@ def answers(notebook: nbformat.NotebookNode) -> list[Answer]:
             if isinstance(node, ast.FunctionDef):
                 qualname = f"{owner}.{node.name}" if owner else node.name
                 if holds_answer(definition(module, qualname)):
-                    found.append(Answer(module, qualname, _grade_id(cell)))
+                    found.append(Answer(module, qualname, grade_id_of(cell)))
     return found
 
 

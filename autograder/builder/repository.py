@@ -76,17 +76,25 @@ def setup_cell(repository: str) -> str:
     return _SETUP_CELL.format(url=repository)
 
 
-def set_setup_cell(notebook: nbformat.NotebookNode, repository: str,
-                   language: str | None = None) -> None:
-    """Make ``notebook``'s first code cell the setup cell, its plumbing folded away; in a
-    translated notebook (``language``) only the repository it installs from changes."""
-    first = next(c for c in notebook.cells if c.cell_type == "code")
+def _first_code_cell(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    return next(c for c in notebook.cells if c.cell_type == "code")
+
+
+def write_setup_cell(source: Path, target: Path, repository: str,
+                     language: str | None = None) -> None:
+    """Write the notebook at ``source`` to ``target`` (making its folder), its first code cell
+    the setup cell, its plumbing folded away; in a translated notebook (``language``) only the
+    repository it installs from changes."""
+    notebook = nbformat.read(source, as_version=4)
+    first = _first_code_cell(notebook)
     if language is None:
         first.source = setup_cell(repository)
     else:
         first.source = re.sub(r'(?m)^REPOSITORY = ".*"$', f'REPOSITORY = "{repository}"',
                               first.source)
     first.metadata.update(SETUP_METADATA)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, target)
 
 
 def colab_link(repository: str, notebook: str) -> str:
@@ -116,9 +124,7 @@ def set_url(repository: str, chapters: list[Chapter]) -> None:
         raise ValueError("pyproject.toml has no `Repository = ...` line under [project.urls]")
     PYPROJECT.write_text(text)
     for chapter in chapters:
-        notebook = nbformat.read(chapter.source, as_version=4)
-        set_setup_cell(notebook, repository)
-        nbformat.write(notebook, chapter.source)
+        write_setup_cell(chapter.source, chapter.source, repository)
     for readme in READMES:
         readme.write_text(readme_with_links(readme.read_text(encoding="utf-8"), repository),
                           encoding="utf-8")
@@ -126,5 +132,4 @@ def set_url(repository: str, chapters: list[Chapter]) -> None:
 
 def setup_cell_of(path: Path) -> str:
     """The first code cell's source of the notebook at ``path``."""
-    notebook = nbformat.read(path, as_version=4)
-    return next(c.source for c in notebook.cells if c.cell_type == "code")
+    return _first_code_cell(nbformat.read(path, as_version=4)).source

@@ -7,7 +7,7 @@ import re
 
 import nbformat
 
-from autograder.host.chapters import EXERCISES, Chapter
+from autograder.host.chapters import EXERCISES, Chapter, grade_id_of
 
 BREAKAGES = {
     "endless-loop": "while True:\n    pass\n",
@@ -23,12 +23,12 @@ def _solution_cells(notebook: nbformat.NotebookNode) -> list:
 def solved(chapter: Chapter, fraction: float = 1.0) -> nbformat.NotebookNode:
     """The released exercise with the first ``fraction`` of its solution cells as the course's
     solution wrote them (the rest left as stubs)."""
-    answers = {c.metadata["nbgrader"]["grade_id"]: c.source
+    answers = {grade_id_of(c): c.source
                for c in _solution_cells(nbformat.read(chapter.source, as_version=4))}
     notebook = nbformat.read(EXERCISES / f"{chapter.name}.ipynb", as_version=4)
     cells = _solution_cells(notebook)
     for cell in cells[:round(fraction * len(cells))]:
-        cell.source = answers[cell.metadata["nbgrader"]["grade_id"]]
+        cell.source = answers[grade_id_of(cell)]
     return notebook
 
 

@@ -97,13 +97,12 @@ def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
 
 def breakdown_table(found: dict[str, dict[str, float]]) -> str:
     parts = list(next(iter(found.values())))
-    lines = [f"{'chapter':<38}" + "".join(f"{p[:14]:>15}" for p in parts) + f"{'not tests':>11}"]
-    for chapter, times in found.items():
+
+    def row(label: str, times: dict[str, float]) -> str:
         fixed = sum(v for p, v in times.items() if p != "test cells")
-        lines.append(f"{chapter:<38}" + "".join(f"{times[p]:>15.2f}" for p in parts)
-                     + f"{fixed:>11.2f}")
+        return f"{label:<38}" + "".join(f"{times[p]:>15.2f}" for p in parts) + f"{fixed:>11.2f}"
+
+    header = f"{'chapter':<38}" + "".join(f"{p[:14]:>15}" for p in parts) + f"{'not tests':>11}"
     mean = {p: sum(t[p] for t in found.values()) / len(found) for p in parts}
-    fixed = sum(v for p, v in mean.items() if p != "test cells")
-    lines.append(f"{'mean':<38}" + "".join(f"{mean[p]:>15.2f}" for p in parts)
-                 + f"{fixed:>11.2f}")
-    return "\n".join(lines)
+    rows = [row(chapter, times) for chapter, times in found.items()]
+    return "\n".join([header, *rows, row("mean", mean)])

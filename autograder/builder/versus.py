@@ -114,20 +114,18 @@ def measure(command: list[str], cwd: Path, env: dict[str, str] | None = None) ->
 def compare(chapter: Chapter, repeat: int, scratch: Path) -> tuple[Cost, Cost]:
     """The median costs (ours, stock) of grading ``chapter``'s solution."""
     from autograder.builder.classdir import write_course_dir
-    from autograder.host.configuration import COURSE_ID
 
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
                                                  os.environ.get("PATH", "")]))
     course = scratch / chapter.name / "class"
-    write_course_dir(course, [chapter], COURSE_ID)
+    write_course_dir(course, [chapter])
     subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", chapter.name,
                     "--force"], cwd=course, env=env, check=True, capture_output=True)
     handed_in = course / "submitted" / "learner" / chapter.name / f"{chapter.name}.ipynb"
-    handed_in.parent.mkdir(parents=True)
-    shutil.copyfile(chapter.source, handed_in)
     own = scratch / chapter.name / "own" / f"{chapter.name}.ipynb"
-    own.parent.mkdir(parents=True)
-    shutil.copyfile(chapter.source, own)
+    for copy in (handed_in, own):
+        copy.parent.mkdir(parents=True)
+        shutil.copyfile(chapter.source, copy)
     runs = {
         "ours": ([sys.executable, "-m", "autograder", "grade", str(own)], own.parent),
         "stock": ([sys.executable, "-m", "nbgrader", "autograde", chapter.name, "--student",
