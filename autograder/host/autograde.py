@@ -27,7 +27,6 @@ learner wrote that reach for the grader, and such a notebook scores zero.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -46,7 +45,7 @@ import nbformat
 
 from autograder.hints import in_language
 from autograder.host import configuration
-from autograder.host.chapters import NotGradable, test_cells_of
+from autograder.host.chapters import NotGradable, grade_id_of, test_cells_of
 from autograder.host.configuration import COURSE_ID
 from autograder.host.flagging import flagged_line
 from autograder.host.nbgrader_main import SCORES
@@ -100,8 +99,7 @@ class Grading:
 
     @property
     def submitted(self) -> Path:
-        return self.work / "submitted" / self.job.learner / self.job.chapter / \
-            f"{self.job.chapter}.ipynb"
+        return _notebook(self.work / "submitted" / self.job.learner, self.job.chapter)
 
 
 def cache_folder() -> Path:
@@ -133,8 +131,7 @@ class Grader:
             template.parent.mkdir(parents=True, exist_ok=True)
             building = Path(tempfile.mkdtemp(prefix=f".{chapter}-", dir=template.parent))
             try:
-                generate(building, chapter, source, f"sqlite:///{building / 'gradebook.db'}",
-                         self.limits, self.course_id)
+                generate(building, chapter, source, self.limits, self.course_id)
                 building.rename(template)
             except OSError:  # another run put the same template in place first
                 pass
@@ -287,8 +284,9 @@ def read_scores(grader: Grader, grading: Grading) -> None:
     """The scores nbgrader recorded (``autograder.host.nbgrader_main``) and the notebook as it
     ran; ``NotGradable``, with nbgrader's own words, when it wrote either not."""
     job = grading.job
-    executed = grading.work / "autograded" / job.learner / job.chapter / f"{job.chapter}.ipynb"
-    grading.scores = _scores(grading.work / "scores.json")
+    executed = _notebook(grading.work / "autograded" / job.learner, job.chapter)
+    scores = grading.work / "scores.json"
+    grading.scores = json.loads(scores.read_text()) if scores.exists() else None
     if grading.scores is None or not executed.exists():
         lines = grading.log.splitlines()
         errors = [line for line in lines if "ERROR" in line]
@@ -313,13 +311,19 @@ STEPS: tuple[Step, ...] = (
     rebuild_answers, flag, strip_demonstrations, place, run_nbgrader, read_scores, report)
 
 
+def _notebook(folder: Path, chapter: str) -> Path:
+    """The chapter's notebook in one of nbgrader's folders (``source``, ``release``, or a
+    learner's in ``submitted`` or ``autograded``): ``folder/NN_slug/NN_slug.ipynb``."""
+    return folder / chapter / f"{chapter}.ipynb"
+
+
 def _released(template: Path, chapter: str) -> nbformat.NotebookNode:
-    return nbformat.read(template / "release" / chapter / f"{chapter}.ipynb", as_version=4)
+    return nbformat.read(_notebook(template / "release", chapter), as_version=4)
 
 
 def _not_run(notebook: nbformat.NotebookNode, reason: str) -> nbformat.NotebookNode:
     """``notebook`` without outputs, every test cell's one output an error saying ``reason``."""
-    marked = nbformat.from_dict(copy.deepcopy(notebook))
+    marked = nbformat.from_dict(notebook)  # a copy
     for cell in marked.cells:
         if cell.cell_type != "code":
             continue
@@ -333,18 +337,18 @@ def _not_run(notebook: nbformat.NotebookNode, reason: str) -> nbformat.NotebookN
 
 def _configure(root: Path, limits: Limits, course_id: str, scratch: Path | None = None
                ) -> None:
-    """nbgrader's configuration for a submission's course at ``root`` (its own gradebook
-    there); its kernel keeps its files in ``scratch``."""
+    """nbgrader's configuration for a course at ``root`` (its own gradebook there); its kernel
+    keeps its files in ``scratch`` (default: a temporary folder per kernel)."""
     configuration.write(root, course_id, limits.cell_timeout, limits.sandbox,
                         f"sqlite:///{root / 'gradebook.db'}", scratch)
 
 
-def generate(root: Path, chapter: str, source: str, db_url: str, limits: Limits,
+def generate(root: Path, chapter: str, source: str, limits: Limits,
              course_id: str = COURSE_ID) -> None:
-    """Release a chapter from its source (text) in a course folder at ``root`` whose gradebook
-    is ``db_url`` (registering the chapter there, hidden tests included)."""
-    configuration.write(root, course_id, limits.cell_timeout, limits.sandbox, db_url)
-    path = root / "source" / chapter / f"{chapter}.ipynb"
+    """Release a chapter from its source (text) in a course folder at ``root``, registering it
+    in the gradebook there (hidden tests included)."""
+    _configure(root, limits, course_id)
+    path = _notebook(root / "source", chapter)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source, encoding="utf-8")
     # generate_assignment runs no notebook (no learner code, only the instructor's source)
@@ -369,12 +373,11 @@ def as_graded(notebook: nbformat.NotebookNode, source: nbformat.NotebookNode
         return bool(meta.get("grade_id")) and bool(
             meta.get("grade") and not meta.get("solution") or meta.get("locked"))
 
-    by_id = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source.cells
-             if graded_or_locked(c)}
+    by_id = {grade_id_of(c): c.source for c in source.cells if graded_or_locked(c)}
     restored = nbformat.from_dict(notebook)
     for cell in restored.cells:
-        if graded_or_locked(cell) and cell.metadata["nbgrader"]["grade_id"] in by_id:
-            cell.source = by_id[cell.metadata["nbgrader"]["grade_id"]]
+        if graded_or_locked(cell) and grade_id_of(cell) in by_id:
+            cell.source = by_id[grade_id_of(cell)]
     return restored
 
 
@@ -391,9 +394,10 @@ def _neutralise(notebook: Path, index: int, source: str, language: str = ENGLISH
         contents.cells[index].source = in_language(_CRASHED_CELL, language)
         nbformat.write(contents, notebook)
         return True
+    if not meta.get("grade"):  # a given locked cell: it checks no answer of the learner's
+        return False
     test = as_graded(contents, nbformat.reads(source, as_version=4)).cells[index]
-    checked = set(re.findall(r"\bcheck_\w+\(\s*(\w+)", test.source)) if meta.get("grade") \
-        else set()
+    checked = set(re.findall(r"\bcheck_\w+\(\s*(\w+)", test.source))
     answers = [(c, sorted(defines(c.source) & checked)) for c in contents.cells
                if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
     answers = [(c, names) for c, names in answers if names]
@@ -442,8 +446,3 @@ def without_demonstrations(notebook: nbformat.NotebookNode, released: nbformat.N
         if cell.get("cell_type") == "code" and cell.get("source") in shown:
             cell.source = not_run
     return trimmed
-
-
-def _scores(found: Path) -> dict[str, float] | None:
-    """Grade id -> points, as nbgrader recorded them (``autograder.host.nbgrader_main``)."""
-    return json.loads(found.read_text()) if found.exists() else None

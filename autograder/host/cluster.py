@@ -49,7 +49,7 @@ def dask(address: str):
     def run(grader: Grader, work: list[Job]) -> Iterator[tuple[int, Outcome | Exception]]:
         cluster = None
         if address.startswith(LOCAL):
-            workers = int(address[len(LOCAL):] or 1)
+            workers = int(address.removeprefix(LOCAL) or 1)
             # one thread per worker: a worker grades one notebook at a time, as --jobs 1 does
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                    dashboard_address=None)

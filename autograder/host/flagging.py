@@ -35,15 +35,13 @@ def flagged_line(notebook: nbformat.NotebookNode, released: nbformat.NotebookNod
     edits around it, and counts as theirs in any other cell."""
     as_released = {c.get("id"): {line.strip() for line in c.source.splitlines()}
                    for c in released.cells if c.cell_type == "code" and c.get("id")}
+    earlier = earlier or {}
     for cell in notebook.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if cell.get("cell_type") != "code" or meta.get("locked") or meta.get("grade"):
             continue
-        given = as_released.get(cell.get("id"), set()) | (earlier or {}).get(cell.get("id"),
-                                                                            set())
-        written = "\n".join(line for line in cell.get("source", "").splitlines()
-                            if line.strip() not in given)
-        line = suspicious_code(written)
-        if line:
-            return line
+        given = as_released.get(cell.get("id"), set()) | earlier.get(cell.get("id"), set())
+        for line in cell.get("source", "").splitlines():
+            if line.strip() not in given and suspicious_code(line):
+                return line.strip()
     return None

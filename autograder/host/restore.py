@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import copy
 import threading
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import nbformat
@@ -84,7 +85,7 @@ def rebuild(submitted: NotebookNode, released: NotebookNode) -> Rebuilt:
 
     answers: dict[int, NotebookNode] = {}
     seen: set[int] = set()
-    after: dict[int, list[NotebookNode]] = {0: []}  # learner cells after the matched anchor
+    after: dict[int, list[NotebookNode]] = defaultdict(list)  # learner cells after an anchor
     current = 0  # before any match, learner cells go after the first anchor (setup)
     for cell in submitted.cells:
         index = by_grade_id.get(_nbgrader(cell).get("grade_id"))
@@ -99,13 +100,12 @@ def rebuild(submitted: NotebookNode, released: NotebookNode) -> Rebuilt:
             if _is_answer(anchors[index]):
                 answers[index] = cell
             current = index
-            after.setdefault(current, [])
             continue
         if index is not None and not _is_answer(anchors[index]):
             continue  # a second copy of a locked or graded cell: the released one counts
         kept = copy.deepcopy(cell)
         kept.get("metadata", {}).pop("nbgrader", None)  # a copy of an answer is plain code
-        after.setdefault(current, []).append(kept)
+        after[current].append(kept)
 
     if stub_names and not answers:
         raise Unmatched("none of its answer cells could be matched to the chapter's (their "
@@ -125,7 +125,7 @@ def rebuild(submitted: NotebookNode, released: NotebookNode) -> Rebuilt:
         elif index not in seen:
             result.restored.append(grade_id)
         cells.append(cell)
-        cells += after.get(index, [])
+        cells += after[index]
     # released cells that are not anchors (prose, given demos) come with the learner's cells;
     # the learner may have edited or removed them, as they may any cell of their own
     result.notebook.cells = _unique_ids(cells)
@@ -139,12 +139,10 @@ def rebuild(submitted: NotebookNode, released: NotebookNode) -> Rebuilt:
 def _unique_ids(cells: list[NotebookNode]) -> list[NotebookNode]:
     """Give every cell an id no earlier cell has (anchors keep theirs: they come first)."""
     taken = {c.get("id") for c in cells if _is_anchor(c)}
-    seen: set[str] = set()
     for number, cell in enumerate(cells):
         if _is_anchor(cell):
-            seen.add(cell["id"])
             continue
-        if not cell.get("id") or cell["id"] in taken or cell["id"] in seen:
+        if not cell.get("id") or cell["id"] in taken:
             cell["id"] = f"learner-{number}"
-        seen.add(cell["id"])
+        taken.add(cell["id"])
     return cells

@@ -14,6 +14,8 @@ nbgrader loaded (``autograder.host.forkserver``) rather than started afresh, whe
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import resource
 import signal
@@ -66,19 +68,28 @@ def run(command: list[str], cwd: Path, timeout: int, limits: Limits,
     variables to this process's."""
     if _STOPPED.is_set():
         raise Stopped("grading was stopped")
-    env = environment_for(dict(os.environ) | (environment or {}), list(writable) or [cwd],
-                          limits.threads)
-    warm = not limits.sandbox and forkserver.serves(command)
+    writable = list(writable) or [cwd]
+    env = environment_for(dict(os.environ) | (environment or {}), writable, limits.threads)
+    memory = _address_space(limits.memory_gib)
     # output goes to a file, not a pipe: a process that escaped could hold a pipe open
     with tempfile.NamedTemporaryFile("w+", encoding="utf-8", errors="replace") as output:
-        process = _start_warm(command, cwd, env, output.name, timeout, limits) if warm else None
+        process = None
+        if not limits.sandbox and forkserver.serves(command):
+            # nbgrader's command forked warm with its reaper; started cold, below, where the
+            # fork server could not start it
+            with contextlib.suppress(OSError):
+                process = forkserver.spawn(command[3:], cwd, env, Path(output.name), timeout,
+                                           memory)
         if process is None:
             reaped = [sys.executable, "-m", "autograder.host.reaper", str(timeout), "--", *command]
             if limits.sandbox:
-                reaped = confine(reaped, cwd, list(writable) or [cwd], env)
+                reaped = confine(reaped, cwd, writable, env)
+            # the address space capped in the process started and all below it
+            limit = None if memory is None else functools.partial(
+                resource.setrlimit, resource.RLIMIT_AS, (memory, memory))
             process = subprocess.Popen(reaped, cwd=cwd, env=env, stdout=output,
                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                       preexec_fn=_memory_limit(limits.memory_gib))
+                                       preexec_fn=limit)
         _RUNNING.add(process.pid)
         try:
             process.wait(timeout=timeout + _GRACE)
@@ -144,28 +155,13 @@ def end_all() -> None:
     not reach). Each reaper is told to end, and it ends everything below it."""
     _STOPPED.set()
     for pid in list(_RUNNING):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _start_warm(command: list[str], cwd: Path, env: dict[str, str], output: str, timeout: int,
-                limits: Limits) -> forkserver.Spawned | None:
-    """nbgrader's command forked from the fork server, its reaper as ``run`` starts one cold;
-    None where the server could not start it."""
-    try:
-        return forkserver.spawn(command[3:], cwd, env, Path(output), timeout,
-                                _address_space(limits.memory_gib))
-    except OSError:
-        return None
 
 
 def _address_space(gib: float | None) -> int | None:
@@ -174,16 +170,3 @@ def _address_space(gib: float | None) -> int | None:
     if gib is None or gpu_name() is not None:
         return None
     return int(gib * 2**30)
-
-
-def _memory_limit(gib: float | None):
-    """A function that caps the address space of the process it runs in (and of its
-    children) at ``_address_space(gib)``; None where there is none."""
-    limit = _address_space(gib)
-    if limit is None:
-        return None
-
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-    return apply
