@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import textwrap
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -86,15 +87,20 @@ def written_answers() -> set[tuple[str, str]]:
     found = set()
     for module in library_modules():
         lines, tree = source_tree(module)
-        for node in tree.body:
-            members = node.body if isinstance(node, ast.ClassDef) else [node]
-            prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
-            for member in members:
-                if isinstance(member, ast.FunctionDef):
-                    start, end = span(lines, member)
-                    if holds_answer("\n".join(lines[start:end])):
-                        found.add((module, prefix + member.name))
+        for qualname, node in functions(tree):
+            start, end = span(lines, node)
+            if holds_answer("\n".join(lines[start:end])):
+                found.add((module, qualname))
     return found
+
+
+def functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+    """(qualname, node) of each function a module defines at its top level or in a class
+    there: where an answer can be."""
+    for node in tree.body:
+        members = node.body if isinstance(node, ast.ClassDef) else [node]
+        prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+        yield from ((prefix + m.name, m) for m in members if isinstance(m, ast.FunctionDef))
 
 
 def chapter_answers(slug: str) -> list[tuple[str, str]]:

@@ -42,7 +42,7 @@ import nbformat
 import tomllib
 
 from autograder import kernel_side
-from autograder.answers import BEGIN, END, LIBRARY, chapter_answers, module_file, span
+from autograder.answers import BEGIN, END, LIBRARY, chapter_answers, functions, module_file, span
 from autograder.builder.render import load, subjects
 from autograder.builder.repository import PYPROJECT, url, write_setup_cell
 from autograder.builder.translation import TRANSLATED
@@ -75,16 +75,10 @@ def stubbed(text: str, hide: dict[str, int]) -> str:
     """``text`` of a module with every answer region of the qualnames in ``hide`` (mapped to
     their chapter) replaced by a stub at the region's indentation."""
     lines = text.splitlines()
-    tree = ast.parse(text)
     regions = []
-    for node in tree.body:
-        members = node.body if isinstance(node, ast.ClassDef) else [node]
-        prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
-        for member in members:
-            qualname = prefix + getattr(member, "name", "")
-            if isinstance(member, ast.FunctionDef) and qualname in hide:
-                start, end = span(lines, member)
-                regions += _regions(lines, start, end, qualname, hide[qualname])
+    for qualname, node in functions(ast.parse(text)):
+        if qualname in hide:
+            regions += _regions(lines, *span(lines, node), qualname, hide[qualname])
     for first, last, stub in sorted(regions, reverse=True):
         lines[first:last + 1] = [stub]
     return "\n".join(lines) + "\n"
