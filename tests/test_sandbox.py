@@ -233,3 +233,21 @@ def test_a_folder_named_like_a_course_package_in_the_working_folder_is_not_bound
     package = Path(course.__file__).resolve().parent
     assert any(package.is_relative_to(path) for path in bound), bound
     assert not any(path.is_relative_to(tmp_path) for path in bound), bound
+
+
+def test_a_read_only_path_under_the_hosts_tmp_is_seen_inside(tmp_path, monkeypatch):
+    """A project cloned into /tmp: its environment, bound read-only, is over the sandbox's own
+    /tmp, not hidden under it (bwrap mounts in the order given)."""
+    _sandbox_here()
+    from autograder.host import bubblewrap
+
+    environment = tmp_path / "venv"  # pytest's tmp_path is in the host's /tmp
+    environment.mkdir()
+    (environment / "marker.txt").write_text("the environment's")
+    bound = bubblewrap.readable()
+    monkeypatch.setattr(bubblewrap, "readable", lambda: [*bound, environment])
+    own = tmp_path / "own"
+    own.mkdir()
+    done = subprocess.run(bubblewrap.wrap(["/bin/cat", str(environment / "marker.txt")], [own],
+                                          own), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "the environment's", done.stderr

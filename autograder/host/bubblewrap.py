@@ -67,6 +67,11 @@ def arguments(writable: Sequence[Path], cwd: Path) -> list[str]:
     and the command starts in ``cwd``."""
     args = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    # bwrap mounts in the order given, a later mount over an earlier one: the sandbox's own
+    # /tmp first, so that a read-only path inside the host's /tmp (a project cloned there,
+    # its virtual environment) is bound over it, not hidden under it
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(_TMPFS_BYTES),
+             "--tmpfs", "/dev/shm", "--size", str(_TMPFS_BYTES), "--tmpfs", "/tmp"]
     for path in readable():
         if path.is_symlink():  # merged /usr: /bin -> usr/bin, kept a link inside
             args += ["--symlink", os.readlink(path), str(path)]
@@ -74,9 +79,7 @@ def arguments(writable: Sequence[Path], cwd: Path) -> list[str]:
             args += ["--ro-bind", str(path), str(path)]
     # /proc/sys read-only: a process of uid 0 (a grader run as root) may write the host's
     # sysctls even without capabilities, and bwrap leaves them writable there
-    args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
-             "--dev", "/dev", "--size", str(_TMPFS_BYTES), "--tmpfs", "/dev/shm",
-             "--size", str(_TMPFS_BYTES), "--tmpfs", "/tmp"]
+    args += ["--ro-bind", "/proc/sys", "/proc/sys"]
     # A GPU's device files (nvidia0..., nvidiactl, nvidia-uvm, nvidia-caps/), and /sys
     # read-only, where the CUDA driver reads the PCI topology. Not yet run on a GPU.
     gpus = sorted(glob.glob("/dev/nvidia*"))
