@@ -128,6 +128,23 @@ def _sandbox() -> Finding:
                    "grading unless told --sandbox off (unsandboxed)", needed=False)
 
 
+def _grading() -> Finding:
+    """Whether the grader earns full marks on chapter 1's own solution here, with the default
+    limits (sandboxed where bwrap works), as ``grade`` and ``grade-all`` check before they
+    grade (``autograder.host.proof``; cached, so a second doctor costs little)."""
+    try:
+        asked = subprocess.run([sys.executable, "-m", "autograder.host.proof"],
+                               capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Finding("grading", f"unknown: the grader did not answer ({exc})", False,
+                       "pip install -e '.[grader]'")
+    said = (asked.stdout.strip() or asked.stderr.strip() or "it did not say why").splitlines()
+    if asked.returncode == 0:
+        return Finding("grading", said[-1], True)
+    return Finding("grading", f"the grader cannot grade here: {said[-1]}", False,
+                   "until then, `python -m autograder grade` and `grade-all` grade nothing")
+
+
 def _jupyterlab_for_a_learner() -> Finding:
     """A learner edition's notebooks run in JupyterLab or on Colab (which brings its own
     front end): JupyterLab is reported, never counted as a problem."""
@@ -169,7 +186,7 @@ def diagnose() -> list[Finding]:
         _mode(),
     ]
     if not in_edition:  # grading is not part of a learner edition
-        findings.append(_sandbox())
+        findings += [_sandbox(), _grading()]
     return findings
 
 

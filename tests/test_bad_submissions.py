@@ -448,12 +448,17 @@ def test_a_notebook_reaches_nothing_outside_its_sandbox(graded, outside):
 
 
 def test_the_class_database_holds_exactly_the_graded_scores(graded):
-    """Read with nbgrader's own API: every graded learner's score as expected, and no learner
-    but those handed in."""
+    """Read with nbgrader's own API: every graded learner's score as expected, every refused
+    hand-in recorded as nbgrader's autograde records a notebook it fails on (a submission
+    waiting for manual grading), and no learner but those handed in."""
     folder, _, expected, _ = graded
     with Gradebook(f"sqlite:///{folder / 'gradebook.db'}", COURSE_ID) as book:
         scores = {s.student_id: s.score for a in book.assignments for s in a.submissions}
+        waiting = {s.student_id for a in book.assignments for s in a.submissions
+                   if s.needs_manual_grade}
         learners = {student.id for student in book.students}
-    assert scores == {learner: score for learner, score in expected.items()
-                      if score is not None}
+    refused = {learner for learner, score in expected.items() if score is None}
+    assert {learner: score for learner, score in scores.items() if learner not in refused} \
+        == {learner: score for learner, score in expected.items() if score is not None}
+    assert refused <= waiting and set(scores) == set(expected)
     assert learners == set(expected)

@@ -195,9 +195,13 @@ def test_a_platform_zip_in_every_layout_with_every_mistake(tmp_path):
     page = (tmp_path / "feedback" / "cy" / SECOND.name / f"{SECOND.name}.html").read_text()
     assert "not graded" in page and FIRST.name in page
     book = gradebook(tmp_path / "gradebook.db", "paged-kv-course")
+    # the damaged file, and the notebook handed in as another chapter, are recorded where
+    # their names put them, as nbgrader's autograde records a notebook it fails on: a
+    # submission, ungraded, waiting for manual grading (chapter 2 registered for it)
     assert {k: v[0] for k, v in book.items()} == {
         ("ada", FIRST.name): full_marks(FIRST), ("s1234567", FIRST.name): full_marks(FIRST) / 2,
-        ("s1234589", FIRST.name): full_marks(FIRST)}
+        ("s1234589", FIRST.name): full_marks(FIRST), ("di", FIRST.name): 0.0,
+        ("cy", SECOND.name): 0.0}
     assert {v[1] for v in book.values()} == {dt.datetime(*when)}
 
 

@@ -107,7 +107,9 @@ def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, eve
     assert solution["chapter"] == chapter.name
     assert "interpreter" in solution["runtime"] or "CUDA" in solution["runtime"]
     assert set(solution) == {"learner", "notebook", "chapter", "timestamp", "status", "error",
-                             "runtime", "score", "max_score", "language", "tests"}
+                             "runtime", "score", "raw_score", "penalty", "max_score",
+                             "language", "tests"}
+    assert solution["penalty"] == 0 and solution["raw_score"] == solution["score"]
     assert solution["language"] == "en"
     assert set(solution["tests"][0]) == {"id", "points", "max_points", "passed", "message"}
     assert f"score: {full:g} / {full:g}" in shown and "graded on " in shown, shown

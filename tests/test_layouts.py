@@ -14,7 +14,14 @@ from conftest import CHAPTERS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autograder.host.layouts import collect, course_directory, split_name, unpack
+from autograder.host.layouts import (
+    NotHandIns,
+    collect,
+    course_directory,
+    doubtful_ids,
+    split_name,
+    unpack,
+)
 from autograder.host.submission import Submission
 
 SLUGS = [c.name for c in CHAPTERS]
@@ -146,7 +153,8 @@ def test_nbgrader_timestamps_are_read_and_the_course_directory_is_found(tmp_path
         "2026-12-01 09:30:00.000000 UTC")
     assert course_directory(course) == course.resolve()
     assert course_directory(course / "submitted") == course.resolve()
-    assert course_directory(course / "source") is None
+    with pytest.raises(NotHandIns, match="source/, which holds no hand-ins"):
+        course_directory(course / "source")
     found, problems = _collected(course / "submitted", SLUGS)
     assert problems == [] and [s.learner for s in found] == ["ada", "bo"]
     assert found[0].timestamp == dt.datetime(2026, 12, 1, 9, 30)
@@ -198,10 +206,95 @@ def test_canvas_downloads_name_one_learner_by_their_user_id_late_or_renamed(tmp_
     assert {(s.learner, s.chapter) for s in _collected(first, SLUGS)[0]} == \
         {("4242", FIRST), ("5150", SECOND)}
     assert [(s.learner, s.chapter) for s in _collected(later, SLUGS)[0]] == [("4242", FIRST)]
-    # a class's own flat names beside them are not Canvas's: none is reread
-    _write(first / f"s_1234_5678_{FIRST}.ipynb".replace("s_", "S_"))
-    assert {s.learner for s in _collected(first, SLUGS)[0]} == \
-        {"lovelaceada_4242_901", "hopperg_5150_902", "S_1234_5678"}
+    # a class's own flat name beside them, not of Canvas's form, is not reread, nor does it
+    # make Canvas's names be read whole; it is named in a warning, with the Canvas id
+    _write(first / f"S_1234_5678_{FIRST}.ipynb")
+    learners = {s.learner for s in _collected(first, SLUGS)[0]}
+    assert learners == {"4242", "5150", "S_1234_5678"}
+    assert [line for line in doubtful_ids(learners) if "'S_1234_5678'" in line and
+            "'1234'" in line] == doubtful_ids(learners) != []
+
+
+def test_a_canvas_download_with_one_emailed_file_beside_it_is_read_file_by_file(tmp_path):
+    _write(tmp_path / f"lianna_12345_678901_{FIRST}.ipynb")
+    _write(tmp_path / f"hopperg_LATE_5150_902_{SECOND}-1.ipynb")
+    _write(tmp_path / f"carol_{FIRST}.ipynb")
+    found, problems = _collected(tmp_path, SLUGS)
+    assert problems == []
+    assert sorted((s.learner, s.chapter) for s in found) == \
+        [("12345", FIRST), ("5150", SECOND), ("carol", FIRST)]
+    assert doubtful_ids(s.learner for s in found) == []
+
+
+def test_a_name_that_differs_only_by_unicode_normalisation_is_named_in_a_warning(tmp_path):
+    import unicodedata
+
+    composed, decomposed = (unicodedata.normalize(form, "José") for form in ("NFC", "NFD"))
+    _write(tmp_path / composed / f"{FIRST}.ipynb")
+    _write(tmp_path / f"{decomposed}_{SECOND}.ipynb")
+    found, _ = _collected(tmp_path, SLUGS)
+    assert {s.learner for s in found} == {composed, decomposed}  # read as written: warned
+    warnings = doubtful_ids(s.learner for s in found)
+    assert len(warnings) == 1 and "(NFC)" in warnings[0] and "(NFD)" in warnings[0]
+    assert repr(composed) in warnings[0] and repr(decomposed) in warnings[0]
+    # one already in the class (its submitted/ folder) and one of this run: warned too
+    assert len(doubtful_ids([decomposed], known=[composed, "ada"])) == 1
+    assert doubtful_ids(["ada", composed], known=["bo"]) == []
+
+
+def test_every_file_that_is_not_a_notebook_gets_an_ignored_row_saying_why(tmp_path):
+    course = _layout_folder(tmp_path / "course", "nbgrader-course-directory", ["ada"])
+    hand_in = course / "submitted" / "ada" / FIRST
+    for name in ("answers.txt", "timestamp.txt", "submission_secret.txt", ".DS_Store"):
+        _write(hand_in / name)
+    _write(course / "submitted" / "bo" / FIRST / "notes.pdf")  # no notebook: one problem
+    found, problems = _collected(course, SLUGS)
+    assert [(s.learner, s.chapter) for s in found] == [("ada", FIRST)]
+    ignored = [p for p in problems if p.ignored]
+    assert [(p.origin, p.learner, p.chapter) for p in ignored] == \
+        [(str(hand_in / "answers.txt"), "ada", FIRST)]
+    assert ignored[0].result.error == f"not a notebook: nbgrader grades only {FIRST}.ipynb"
+    assert [p.learner for p in problems if not p.ignored] == ["bo"]
+    assert "notes.pdf" in next(p for p in problems if not p.ignored).result.error
+    download = _write(tmp_path / "download" / "lianna_12345_678901_answers.py").parent
+    _write(download / f"lianna_12345_678901_{FIRST}.ipynb")
+    found, problems = _collected(download, SLUGS)
+    assert [s.learner for s in found] == ["12345"]
+    assert [(p.ignored, p.result.error) for p in problems] == \
+        [(True, "not a notebook: nbgrader grades only NN_slug.ipynb")]
+
+
+def test_a_folder_inside_a_course_directory_is_read_as_what_it_is_there(tmp_path):
+    course = _layout_folder(tmp_path / "course", "nbgrader-course-directory", ["ada", "bo"])
+    _write(course / "submitted" / "ada" / SECOND / f"{SECOND}.ipynb")
+    submitted = course / "submitted"
+    assert course_directory(submitted / "ada") == course_directory(
+        submitted / "ada" / FIRST) == course.resolve()
+    assert sorted((s.learner, s.chapter) for s in _collected(submitted / "ada", SLUGS)[0]) \
+        == [("ada", FIRST), ("ada", SECOND)]
+    assert [(s.learner, s.chapter) for s in _collected(submitted / "ada" / SECOND, SLUGS)[0]] \
+        == [("ada", SECOND)]
+    for folder in ("source", f"source/{FIRST}", "autograded", "feedback", "release"):
+        with pytest.raises(NotHandIns, match="holds no hand-ins"):
+            collect(course / folder, SLUGS)
+    with pytest.raises(NotHandIns, match="inside a hand-in"):
+        course_directory(_write(submitted / "ada" / FIRST / "deeper" / "x.txt").parent)
+    # a folder of downloads kept in the course directory is just that
+    downloads = _write(course / "downloads" / f"carol_{FIRST}.ipynb").parent
+    assert course_directory(downloads) is None
+    assert [s.learner for s in _collected(downloads, SLUGS)[0]] == ["carol"]
+
+
+def test_a_learner_named_like_a_chapter_is_refused_never_graded(tmp_path):
+    course = _layout_folder(tmp_path / "course", "nbgrader-course-directory", ["ada"])
+    misfiled = _write(course / "submitted" / FIRST / FIRST / f"{FIRST}.ipynb")
+    found, problems = _collected(course, SLUGS)
+    assert [s.learner for s in found] == ["ada"]
+    assert [(p.origin, p.learner) for p in problems] == [(str(misfiled), "")]
+    assert "is a chapter's name" in problems[0].result.error
+    _write(tmp_path / "loose" / FIRST / f"{SECOND}.ipynb")  # a folder per learner, misnamed
+    found, problems = _collected(tmp_path / "loose", SLUGS)
+    assert found == [] and "is a chapter's name" in problems[0].result.error
 
 
 def test_a_moodle_download_names_the_learner_by_their_participant_id(tmp_path):

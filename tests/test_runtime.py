@@ -76,7 +76,7 @@ def test_doctor_reports_every_component_and_the_mode(doctor):
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     lines = doctor.stdout.splitlines()
     for name in ["python", "torch", "triton", "numpy", "nbgrader", "jupyterlab", "ipywidgets",
-                 "plotly", "mode"]:
+                 "plotly", "mode", "grading"]:
         assert any(line.split()[:2] == ["ok", name] for line in lines), (name, doctor.stdout)
     assert lines[-1] == "ready for the course"
 

@@ -245,7 +245,7 @@ def _notebook(*cells: nbformat.NotebookNode) -> nbformat.NotebookNode:
     [],
 ], ids=["test cell missing", "cell timed out", "wrote to stderr", "no message"])
 def test_a_test_cells_failure_the_host_reads_is_told_in_chinese(outputs):
-    english = failure_message(outputs)
+    english = failure_message(outputs, 120)
     said = in_language(english, ZH)
     assert said != english and CJK.search(said), said
 

@@ -5,6 +5,7 @@ notebook's time goes.
         [--sandbox auto|on|off]
     python -m autograder.builder.bench --breakdown [--repeat 3] [--sandbox auto|on|off]
     python -m autograder bench --vs-nbgrader [--repeat 5] [--chapters 1-9]
+    python -m autograder bench --memory-needs [--chapters 1-11] [--sandbox auto|on|off]
 
 Learner i hands in chapter i mod (number of chapters): correct (the course's solutions),
 partial (the first half of the TODOs solved) or broken (an endless loop, a syntax error or a
@@ -21,6 +22,10 @@ cells, the test cells, nbgrader after the last cell; and the part that is not th
 ``--vs-nbgrader`` grades each chapter's solution with the grader and with stock nbgrader,
 paired, and prints wall time, CPU time and peak memory with their ratios
 (``autograder.builder.versus``).
+
+``--memory-needs`` finds, for each chapter, the smallest ``--memory-limit`` on a ladder of
+limits under which its own solution earns full marks: the proof ``grade`` and ``grade-all``
+run first (``autograder.host.proof``), with no cached proof.
 """
 
 from __future__ import annotations
@@ -63,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="where one notebook's time goes, per chapter (seconds)")
     parser.add_argument("--vs-nbgrader", action="store_true",
                         help="the grader against stock nbgrader, per chapter")
-    parser.add_argument("--chapters", default="all", help="with --vs-nbgrader: for example "
-                        "1-3 (default: all)")
+    parser.add_argument("--memory-needs", action="store_true",
+                        help="the smallest --memory-limit each chapter grades under (GiB)")
+    parser.add_argument("--chapters", default="all", help="with --vs-nbgrader or "
+                        "--memory-needs: for example 1-3 (default: all)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="runs per notebook (default: 3, or 5 with --vs-nbgrader)")
     parser.add_argument("--learners", type=int, default=50)
@@ -85,6 +92,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.chapters}`")
         wall, memory = report(parse_chapters(args.chapters, chapters()), repeat)
         print(f"largest ratios, ours / stock nbgrader: wall {wall:.2f}, memory {memory:.2f}")
+        return 0
+    if args.memory_needs:
+        from autograder.builder.classdir import parse_chapters
+
+        print(f"the smallest --memory-limit (GiB) of {', '.join(map(str, MEMORY_LADDER))} under "
+              "which each chapter's own solution earns full marks; `python -m autograder bench "
+              f"--memory-needs --chapters {args.chapters} --sandbox {args.sandbox}`")
+        for chapter, gib in memory_needs(parse_chapters(args.chapters, chapters()),
+                                         args.sandbox):
+            print(f"  {chapter.name}: {gib if gib is not None else 'more than the ladder'}")
         return 0
     args.repeat = args.repeat or 3
     if args.breakdown:
@@ -123,6 +140,37 @@ def main(argv: list[str] | None = None) -> int:
             if (option, value) == ("--jobs", "1"):
                 print(_projection(args.learners / minutes, len(chapters())))
     return 0
+
+
+MEMORY_LADDER = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # GiB
+
+
+def memory_needs(selected: list, sandbox: str):
+    """Yield (chapter, the least limit of ``MEMORY_LADDER`` under which its English solution
+    earns full marks, or None), each proof made afresh in a cache of its own."""
+    import course
+    from autograder.host.autograde import Grader
+    from autograder.host.chapters import GraderFailure
+    from autograder.host.proof import prove
+    from autograder.host.sandbox import Limits, probe
+    from course.language import ENGLISH
+    from course.runtime import detect
+
+    course.setup(quiet=True)
+    sandboxed = sandbox == "on" or (sandbox == "auto" and probe() is None)
+    for chapter in selected:
+        found = None
+        for gib in MEMORY_LADDER:
+            with tempfile.TemporaryDirectory(prefix="kv-course-memory-") as cache:
+                grader = Grader(Limits(memory_gib=gib, sandbox=sandboxed), detect().label,
+                                cache=Path(cache))
+                try:
+                    prove(grader, [(chapter, ENGLISH)], diagnose=False)
+                except GraderFailure:
+                    continue
+            found = gib
+            break
+        yield chapter, found
 
 
 def _projection(per_worker: float, chapters: int) -> str:

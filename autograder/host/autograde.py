@@ -45,13 +45,13 @@ import nbformat
 
 from autograder.hints import in_language
 from autograder.host import configuration
-from autograder.host.chapters import NotGradable, grade_id_of, test_cells_of
+from autograder.host.chapters import GraderFailure, grade_id_of, test_cells_of
 from autograder.host.configuration import COURSE_ID
 from autograder.host.flagging import flagged_line
 from autograder.host.nbgrader_main import SCORES
 from autograder.host.release_history import released_lines
 from autograder.host.report import NOT_GRADED, NotebookResult, result_of
-from autograder.host.restore import defines, rebuild
+from autograder.host.restore import defines, mark_restored, rebuild
 from autograder.host.sandbox import Limits, run
 from course.language import ENGLISH, tr_later
 from course.language import ENVIRONMENT as LANGUAGE_SETTING
@@ -96,6 +96,7 @@ class Grading:
     log: str = ""  # what nbgrader's last run said
     scores: dict[str, float] | None = None  # grade id -> points, as nbgrader recorded them
     executed: nbformat.NotebookNode | None = None  # the notebook as nbgrader ran it
+    restored: tuple[str, ...] = ()  # grade ids of the cells the learner deleted, put back
 
     @property
     def submitted(self) -> Path:
@@ -145,9 +146,10 @@ class Grader:
 
     def autograde(self, job: Job) -> Outcome:
         """Grade one submission in a copy of its chapter's template, step by step
-        (``STEPS``). Raises ``NotGradable`` (nbgrader could not grade it) and
-        ``restore.Unmatched`` (no answer cell of it could be matched); a notebook that flags,
-        hangs or crashes gets zero with the reason."""
+        (``STEPS``). Raises ``GraderFailure`` (the grader's own failure: nbgrader could not
+        grade it, its kernel did not start or died in a given cell before any of the
+        learner's) and ``restore.Unmatched`` (no answer cell of it could be matched); a
+        notebook that flags, hangs or crashes gets zero with the reason."""
         template = self.template(job.chapter, job.source)
         tests = test_cells_of(nbformat.reads(job.source, as_version=4).cells)
         grading = Grading(job, tests, _released(template, job.chapter), template)
@@ -201,10 +203,11 @@ class Grader:
         return None if found < 0 else found
 
 
-def grader_failed(error: Exception) -> NotGradable:
+def grader_failed(error: Exception) -> GraderFailure:
     """What a submission is told when grading it failed in the grader itself (a bug of the
-    grader's, or of the Python it runs on): it is refused alone, the others are graded."""
-    return NotGradable(tr_later(f"the grader failed on it ({type(error).__name__}: {error}); "
+    grader's, or of the Python it runs on): it is refused alone, nothing of it recorded, the
+    others are graded."""
+    return GraderFailure(tr_later(f"the grader failed on it ({type(error).__name__}: {error}); "
                                 "grade it again, and report it if it fails again"))
 
 
@@ -214,8 +217,8 @@ def grader_failed(error: Exception) -> NotGradable:
 def rebuild_answers(grader: Grader, grading: Grading) -> None:
     """The learner's answers in the released notebook (``restore.rebuild``): test and locked
     cells are the course's, whatever the learner did to them."""
-    grading.notebook = rebuild(nbformat.from_dict(grading.job.notebook),
-                               grading.released).notebook
+    rebuilt = rebuild(nbformat.from_dict(grading.job.notebook), grading.released)
+    grading.notebook, grading.restored = rebuilt.notebook, tuple(rebuilt.restored)
 
 
 def flag(grader: Grader, grading: Grading) -> Outcome | None:
@@ -256,7 +259,10 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
     """nbgrader's ``autograde`` of the submission under the limits; zero for a notebook past
     its time limit. A cell that kills the kernel is found (``Grader.crashing_cell``) and kept from
     running (``_neutralise``), and the notebook run again, up to ``_CRASH_RETRIES`` times;
-    zero when that cell cannot be found or kept from running."""
+    zero when that cell cannot be found or kept from running. A kernel that never started, or
+    died in a given cell before any cell the learner wrote ran, is the grader's failure (a
+    memory limit, a missing kernel, a sandbox that hides the environment), not the learner's:
+    ``GraderFailure``."""
     job, limits = grading.job, grader.limits
     for _ in range(_CRASH_RETRIES + 1):
         (grading.work / "scores.json").unlink(missing_ok=True)
@@ -272,7 +278,17 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
                 "for an endless loop or a very slow cell)"))
         if "Kernel died" not in grading.log:  # what nbgrader's executor says of a crash
             return None
+        if _NEVER_STARTED in grading.log:  # before its first cell: no learner code ran
+            raise GraderFailure(tr_later("not graded: the grader failed, not this notebook "
+                                         "(its Python kernel did not start); it keeps its "
+                                         "earlier grade"))
         crashed = grader.crashing_cell(grading.submitted, grading.scratch, job.source)
+        given = _given_before_learner(grading.submitted, crashed, job.language)
+        if given is not None:
+            raise GraderFailure(tr_later(
+                f"not graded: the grader failed, not this notebook (its Python kernel died in "
+                f"the given cell {given!r}, before any cell of yours ran); it keeps its earlier "
+                "grade"), given)
         if crashed is None or not _neutralise(grading.submitted, crashed, job.source,
                                               job.language):
             return grader.zero(grading, tr_later("not graded: the Python kernel crashed (a "
@@ -282,7 +298,9 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
 
 def read_scores(grader: Grader, grading: Grading) -> None:
     """The scores nbgrader recorded (``autograder.host.nbgrader_main``) and the notebook as it
-    ran; ``NotGradable``, with nbgrader's own words, when it wrote either not."""
+    ran; ``GraderFailure``, with nbgrader's own words, when it wrote either not (the
+    submission is the course's released notebook with the learner's answers in it: nbgrader
+    failing on it is the grader's failure, a missing kernel's most often)."""
     job = grading.job
     executed = _notebook(grading.work / "autograded" / job.learner, job.chapter)
     scores = grading.work / "scores.json"
@@ -293,16 +311,19 @@ def read_scores(grader: Grader, grading: Grading) -> None:
         said = [line.strip() for line in lines if line.strip()]
         reason = errors[0].split("]", 1)[-1].strip() if errors else \
             " / ".join(said[-3:]) or tr_later("it wrote nothing")
-        raise NotGradable(tr_later(f"nbgrader could not grade it ({reason})"))
+        raise GraderFailure(tr_later(f"nbgrader could not grade it ({reason})"))
     grading.executed = nbformat.read(executed, as_version=4)
 
 
 def report(grader: Grader, grading: Grading) -> Outcome:
-    """Every test's result, and the executed notebook for the feedback page."""
+    """Every test's result, and the executed notebook for the feedback page and the
+    gradebook, the cells the learner deleted marked (``mark_restored``)."""
     job = grading.job
+    mark_restored(grading.executed, grading.restored)
     return Outcome(result_of(job.chapter, grading.tests, job.learner, job.origin,
                              grader.runtime, grading.scores, grading.executed,
-                             language=job.language), grading.executed)
+                             language=job.language, cell_timeout=grader.limits.cell_timeout),
+                   grading.executed)
 
 
 # Grading one submission: each step reads and fills the ``Grading``; the first to return an
@@ -379,6 +400,27 @@ def as_graded(notebook: nbformat.NotebookNode, source: nbformat.NotebookNode
         if graded_or_locked(cell) and grade_id_of(cell) in by_id:
             cell.source = by_id[grade_id_of(cell)]
     return restored
+
+
+# what nbclient says of a kernel that died (or never ran) before it answered its first message
+_NEVER_STARTED = "Kernel died before replying to kernel_info"
+
+
+def _given_before_learner(notebook: Path, index: int | None, language: str) -> str | None:
+    """The grade id of cell ``index`` of ``notebook`` where it is a given cell (locked, or a
+    test) that runs before every cell the learner wrote (an answer cell, a cell of their
+    own): a crash there is none of the learner's doing. None otherwise, or unknown."""
+    if index is None:
+        return None
+    not_run = in_language(NOT_RUN, language)  # an unchanged demonstration, emptied
+    for position, cell in enumerate(nbformat.read(notebook, as_version=4).cells):
+        meta = cell.metadata.get("nbgrader", {})
+        given = bool(meta.get("locked") or meta.get("grade") and not meta.get("solution"))
+        if position == index:
+            return (grade_id_of(cell) or "") if given and cell.cell_type == "code" else None
+        if cell.cell_type == "code" and not given and cell.source != not_run:
+            return None  # a cell the learner wrote ran first
+    return None
 
 
 def _neutralise(notebook: Path, index: int, source: str, language: str = ENGLISH) -> bool:

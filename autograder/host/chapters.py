@@ -21,6 +21,22 @@ class NotGradable(Exception):
     """A file that cannot be graded; the message is one line that says why."""
 
 
+class GraderFailure(NotGradable):
+    """The grader's own failure, not the learner's: its kernel could not start or died before
+    any cell the learner wrote ran, or the grader raised. Such a hand-in is refused as any
+    ``NotGradable`` is, and more: nothing of it is recorded (its earlier grade, graded
+    notebook, feedback page and state stand), and the run exits ``GRADER_FAILED``. ``cell``:
+    the grade id of the given cell the kernel died in ("" where it never started or the
+    grader raised)."""
+
+    def __init__(self, message: str, cell: str = "") -> None:
+        super().__init__(message)
+        self.cell = cell
+
+
+GRADER_FAILED = 3  # the exit code of a run the grader's own failure kept from grading
+
+
 @dataclass(frozen=True)
 class Chapter:
     """One chapter: an nbgrader assignment with one notebook, both named ``NN_slug``."""

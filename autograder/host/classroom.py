@@ -3,33 +3,46 @@ one row, and the course directory ends as nbgrader's own ``autograde`` would lea
 
     found (``layouts.collect``) -> read and recognised (``submission.read``) -> staged in
     ``submitted/`` (``recording.ClassCourse.stage``) -> graded (``autograde``, by a pool of
-    threads or a Dask cluster), or reused when neither it nor what grades it changed ->
-    recorded by nbgrader (``recording``: gradebook, late penalty, ``autograded/``, feedback
-    page) -> CSV (``nbgrader export``'s rows), JSON
+    threads or a Dask cluster), recorded again, or reused, as ``freshness.decide`` says from
+    what decides its grade -> recorded by nbgrader (``recording``: gradebook, late penalty,
+    ``autograded/``, feedback page) -> CSV (``nbgrader export``'s rows), JSON
 
 A hand-in is keyed by (learner, chapter). One that cannot be graded (damaged, two files for
 one learner and chapter, a path that names no learner, a notebook whose content is another
 chapter than its name says) is not graded, keeps whatever grade the gradebook held, and gets
-a row, a JSON entry, an error line, and a page where the learner has none yet. A notebook
+a row, a JSON entry, an error line, and a page where the learner has none yet (with the
+``timestamp.txt`` and ``submission_secret.txt`` ``release_feedback`` reads). Where its file
+names a learner and a chapter the gradebook holds, nbgrader records it as its own autograde
+records a notebook it fails on: a submission, waiting for manual grading. A notebook
 beside the chapter's own in a hand-in folder is ignored, as nbgrader ignores it, with a row
-that says so. Only this process writes the course directory and the state file.
+that says so, and so is every file that is not a notebook. Only this process writes the
+course directory and the state file.
 """
 
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autograder import kernel_side
 from autograder.host.autograde import Grader, Outcome, grader_failed
-from autograder.host.chapters import Chapter, NotGradable
+from autograder.host.chapters import Chapter, GraderFailure, NotGradable
+from autograder.host.freshness import (
+    KEEP,
+    RECORD,
+    REGRADE,
+    Inputs,
+    checks_of,
+    decide,
+    digest,
+    versions,
+)
 from autograder.host.report import NotebookResult
 from autograder.host.restore import Unmatched
 from autograder.host.sandbox import end_all
@@ -79,6 +92,7 @@ def grade(submissions: list[Submission], grader: Grader, runner: Runner,
         submission = todo[index]
         if isinstance(outcome, Exception):
             submission.refuse(str(outcome))
+            submission.grader_failed = isinstance(outcome, GraderFailure)
         else:
             submission.result, submission.executed = outcome.result, outcome.executed
             submission.result.timestamp = submission.when
@@ -88,7 +102,8 @@ def grade(submissions: list[Submission], grader: Grader, runner: Runner,
 @dataclass
 class ClassRun:
     """Where a class is graded from and into: its course directory (``course``), the files
-    the run writes, and whether every hand-in is graded again (``regrade``)."""
+    the run writes, and whether every hand-in is graded again (``regrade``: ``--regrade``, or
+    the hand-ins ``--student`` and ``--assignment`` chose, the only ones given)."""
 
     course: ClassCourse
     grader: Grader
@@ -99,14 +114,19 @@ class ClassRun:
     json: Path | None = None
     regrade: bool = False
     stopped: str = ""  # why the run stopped before the end (Ctrl-C, the gradebook changed)
+    unproven: str = ""  # why nothing was graded: the grader failed its proof (``proof``)
 
 
 def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
                 ) -> list[Submission]:
     """Grade a class (see the module's docstring); return every submission, in a stable
     order. Stopped (Ctrl-C, or the gradebook written by another program), it says why in
-    ``run.stopped``, and still writes the CSV and JSON of what it did."""
+    ``run.stopped``, and still writes the CSV and JSON of what it did. Where the grader fails
+    its proof (``proof.prove``: a chapter's own solution short of full marks here), nothing
+    is staged, graded or recorded, ``run.unproven`` says why, and every hand-in is refused
+    saying so (a CSV row each, beside the gradebook's earlier grades)."""
     from autograder.host.gradebook import GradebookTampered
+    from autograder.host.proof import prove
     from autograder.host.recording import NotRecorded
 
     read(entries, run.known)
@@ -122,27 +142,39 @@ def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
             except NotRecorded as exc:
                 entry.refuse(f"nbgrader could not record its grade ({exc})")
             else:
+                entry.result.penalty = course.penalty(entry.learner, entry.chapter)
                 _remember(state, entry, run.state)
+        elif not entry.grader_failed:
+            _record_refused(course, entry)
         done += 1
         if progress:
             _progress(done, todo, entry)
 
     try:
-        for chapter in dict.fromkeys(e.target.name for e in entries if e.target):
-            course.register(chapter)
+        prove(run.grader, [(e.target, e.language) for e in entries
+                           if e.target is not None and e.result is None])
+        # the chapters graded, and those a refused hand-in's place names (nbgrader records
+        # it there, waiting for manual grading, even where no one else handed that one in)
+        for chapter in dict.fromkeys(e.target.name if e.target else e.chapter for e in entries
+                                     if e.target or e.path and e.learner and not e.ignored):
+            if chapter in run.known:
+                course.register(chapter)
+        inputs_of = _inputs(run, *course.book.deadlines())
         for entry in entries:
             if entry.target is not None:
                 course.stage(entry.path, entry.learner, entry.chapter, entry.timestamp)
-                _reuse(entry, state.get(_key(entry)), run)
-                if entry.reused and state[_key(entry)].get("timestamp") != entry.when:
-                    try:  # handed in again, unchanged: its new time may change its penalty
-                        course.rerecord(entry.learner, entry.chapter)
-                    except NotRecorded as exc:
-                        entry.refuse(f"nbgrader could not record its new time ({exc})")
-                    else:
-                        _remember(state, entry, run.state)
+                entry.inputs = inputs_of(entry)
+                _decide(entry, state, run)
+            else:  # refused as it was read (damaged, another chapter's content)
+                _record_refused(course, entry)
         todo = sum(e.result is None and e.target is not None for e in entries)
         grade(entries, run.grader, run.runner, on_result)
+    except GraderFailure as exc:  # before anything was staged, graded or recorded
+        run.unproven = str(exc)
+        for entry in entries:
+            if entry.result is None and entry.target is not None:
+                entry.refuse(f"not graded: the grader cannot grade here ({exc})")
+                entry.grader_failed = True
     except KeyboardInterrupt:
         run.stopped = "stopped (Ctrl-C)"
     except (GradebookTampered, NotRecorded) as exc:  # NotRecorded: a chapter not registered
@@ -151,11 +183,15 @@ def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
         for entry in entries:
             if entry.result is None:  # stopped first: nothing of it recorded, no page
                 entry.refuse("not graded: grading stopped before it was")
-            elif not entry.result.graded and entry.learner and not entry.ignored:
+            elif not entry.result.graded and entry.learner and not entry.ignored and \
+                    not entry.grader_failed:  # the grader's failure: nothing of it recorded
                 course.add_learner(entry.learner)
                 page = course.feedback(entry.learner, entry.chapter)
                 if not page.exists():  # never over a page nbgrader wrote
                     _refusal_page(entry, page)
+                    course.label_page(entry.learner, entry.chapter, entry.timestamp)
+            elif entry.result.graded:  # kept ones too: the penalty nbgrader holds now
+                entry.result.penalty = course.penalty(entry.learner, entry.chapter)
         write_csv(run.csv, course, entries)
         if run.json:
             run.json.write_text(json.dumps([e.to_json() for e in entries], indent=2) + "\n",
@@ -163,46 +199,50 @@ def grade_class(run: ClassRun, entries: list[Submission], progress: bool = True
     return entries
 
 
-def _reuse(entry: Submission, before: dict | None, run: ClassRun) -> None:
-    """Take the earlier result where neither the file nor what grades it changed (and not
-    ``run.regrade``); mark a regrade where only what grades it changed."""
-    entry.graded_by = graded_by(entry)
-    same_file = bool(before) and before["sha256"] == entry.digest
-    if same_file and not run.regrade and before.get("graded_by") == entry.graded_by and \
-            run.course.autograded(entry.learner, entry.chapter).exists():
-        entry.result = NotebookResult.from_json(before["result"])
-        entry.result.notebook, entry.result.timestamp = entry.origin, entry.when
-        entry.reused = True
-    elif same_file:
-        entry.regraded = True
+def _inputs(run: ClassRun, due: dict[str, str], extension: dict[tuple[str, str], str]
+            ) -> Callable[[Submission], Inputs]:
+    """What decides each hand-in's grade (``freshness.Inputs``), given the gradebook's due
+    dates and extensions; each chapter's source and checks read once."""
+    nbgrader, course_version = versions()
+    source = cache(lambda path: digest([path]))
+    checks = cache(lambda chapter, path: digest(checks_of(chapter, path)))
+
+    def inputs_of(entry: Submission) -> Inputs:
+        return Inputs(entry.digest, source(entry.target.source_in(entry.language)),
+                      checks(entry.target.name, entry.target.source), nbgrader, course_version,
+                      due.get(entry.chapter, ""), extension.get((entry.learner, entry.chapter), ""),
+                      run.course.late_penalty, entry.when)
+
+    return inputs_of
 
 
-def graded_by(entry: Submission) -> str:
-    """What a grade depends on besides the hand-in: the chapter's source (the class's own, in
-    the notebook's language), the checks of the chapter and those all chapters share, and
-    nbgrader's version. A change to any of them grades the chapter's hand-ins again."""
-    from importlib import metadata
+def _decide(entry: Submission, state: dict, run: ClassRun) -> None:
+    """Whether the staged hand-in is run again, recorded again, or keeps its earlier result
+    (``freshness.decide``), and why; a recording again is done here."""
+    from autograder.host.recording import NotRecorded
 
-    digest = hashlib.sha256(metadata.version("nbgrader").encode())
-    digest.update(entry.target.source_in(entry.language).read_bytes())
-    for path in checks_of(entry.target.number):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-def checks_of(number: str) -> list[Path]:
-    """The grader's code that decides chapter ``number``'s grades: its visible and hidden
-    checks, what every chapter's checks share, and the rest of the kernel side (the guard,
-    its arming, the tripwires)."""
-    package = Path(__file__).parents[1]
-    return [path for folder in ("checks", "hidden") for path in
-            sorted((package / folder).glob("*.py"))
-            if path.name.startswith(("_", f"ch{number}"))] + kernel_side()
+    kept = state.get(_key(entry))
+    verdict = decide(entry.inputs, kept, run.course.autograded(entry.learner, entry.chapter)
+                     .exists(), run.regrade)
+    entry.reason = verdict.reason
+    entry.regraded = verdict.action == REGRADE
+    if verdict.action not in (RECORD, KEEP):
+        return
+    entry.result = NotebookResult.from_json(kept["result"])
+    entry.result.notebook, entry.result.timestamp = entry.origin, entry.when
+    entry.reused = True
+    if verdict.action == RECORD:
+        try:  # not run again: nbgrader records its run with the new due date, penalty, time
+            run.course.rerecord(entry.learner, entry.chapter)
+        except NotRecorded as exc:
+            entry.refuse(f"nbgrader could not record it again ({exc})")
+        else:
+            entry.rerecorded = True
+            _remember(state, entry, run.state)
 
 
 def _remember(state: dict, entry: Submission, path: Path) -> None:
-    state[_key(entry)] = {"sha256": entry.digest, "graded_by": entry.graded_by,
-                          "timestamp": entry.when, "result": entry.result.to_json()}
+    state[_key(entry)] = {"inputs": entry.inputs.to_json(), "result": entry.result.to_json()}
     path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -222,10 +262,11 @@ def write_csv(destination: Path, course: ClassCourse, entries: list[Submission])
     """``nbgrader export``'s rows (every learner for every chapter the gradebook holds), then
     a row for every file of this run not graded.
 
-    Columns: ``nbgrader export``'s, then status (graded, regraded, unchanged, graded
-    earlier, not submitted, not graded, ignored), file and message."""
+    Columns: ``nbgrader export``'s, then status (graded, regraded, rerecorded, unchanged,
+    graded earlier, not submitted, not graded, ignored), file and message (for a hand-in
+    graded in this run: why it was or was not graded again; else why it was not graded)."""
     columns, rows = course.export()
-    this_run = {(e.learner, e.chapter): e for e in entries if e.result.graded}
+    this_run = {(e.learner, e.chapter): e for e in entries if e.result.graded or e.flagged}
     with open(destination, "w", newline="", encoding="utf-8") as handle:
         out = csv.DictWriter(handle, [*columns, "status", "file", "message"], restval="")
         out.writeheader()
@@ -233,12 +274,33 @@ def write_csv(destination: Path, course: ClassCourse, entries: list[Submission])
             entry = this_run.get((row["student_id"], row["assignment"]))
             status = entry.status if entry else \
                 "graded earlier" if row["timestamp"] else "not submitted"
-            out.writerow(row | {"status": status, "file": entry.origin if entry else ""})
+            out.writerow(row | {"status": status, "file": entry.origin if entry else "",
+                                "message": _message(entry)})
         for entry in entries:
-            if not entry.result.graded:
+            if not entry.result.graded and not entry.flagged:
                 out.writerow({"assignment": entry.chapter, "timestamp": entry.when,
                               "student_id": entry.learner, "status": entry.status,
                               "file": entry.origin, "message": entry.result.error})
+
+
+def _message(entry: Submission | None) -> str:
+    """The message column of a gradebook row this run recorded: why a graded hand-in was
+    (or was not) graded again; why one not graded was not."""
+    if entry is None:
+        return ""
+    return entry.reason if entry.result.graded else entry.result.error
+
+
+def _record_refused(course: ClassCourse, entry: Submission) -> None:
+    """A refused hand-in whose file names a learner and a chapter the gradebook holds, staged
+    and recorded as nbgrader's autograde records a notebook it fails on
+    (``ClassCourse.record_refused``): formgrader lists it, waiting for manual grading."""
+    if entry.path is None or not entry.learner or entry.ignored or \
+            not course.book.is_registered(entry.chapter):
+        return
+    course.stage(entry.path, entry.learner, entry.chapter, entry.timestamp)
+    course.record_refused(entry.learner, entry.chapter)
+    entry.flagged = True
 
 
 def _refusal_page(entry: Submission, destination: Path) -> None:
@@ -264,5 +326,7 @@ def _progress(done: int, total: int, entry: Submission) -> None:
     bar = "#" * (width * done // total) + "." * (width - width * done // total)
     result = entry.result
     outcome = f"{result.score:g}/{result.max_score:g}" if result.graded else "not graded"
+    if result.graded and result.penalty:
+        outcome += f" (late penalty {result.penalty:g}, from {result.raw_score:g})"
     print(f"[{bar}] {done}/{total} {entry.learner} {entry.origin}: {outcome}",
           file=sys.stderr, flush=True)

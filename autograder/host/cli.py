@@ -3,7 +3,7 @@
     python -m autograder grade NOTEBOOK... [--json FILE] [--jobs N] [--sandbox auto|on|off]
     python -m autograder grade-all DIR|ZIP [--course-dir DIR] [--db URL] [--csv FILE]
                                    [--json FILE] [--jobs N] [--state FILE] [--regrade]
-                                   [--roster FILE]
+                                   [--student ID]... [--assignment NAME]... [--roster FILE]
                                    [--sandbox auto|on|off] [--dask ADDRESS|local:N]
     python -m autograder course-dir DIR [--chapters 1-3] [--course-id ID] [--exchange DIR]
     python -m autograder release
@@ -18,13 +18,27 @@ either layout or with flat files named ``<learner>_<NN_slug>.ipynb`` (see
 class's course directory as nbgrader's own ``autograde`` and ``generate_feedback`` would
 (``autograder.host.recording``: grades, flags, late penalties, ``autograded/``, feedback pages),
 with a CSV of ``nbgrader export``'s rows and a row for every file not graded (and JSON). It
-resumes: a hand-in is graded again only where it (by SHA-256), its chapter's source or the
-course's checks changed since it was last graded (the state file), or with ``--regrade``.
+resumes: a hand-in is run again only where it (by SHA-256), its chapter's source, the checks
+(and what they import), nbgrader's or the course's version changed since it was last graded
+(the state file), and recorded again by nbgrader where only its due date, extension, hand-in
+time or the late penalty changed (``autograder.host.freshness``); the summary, CSV and JSON
+say which changed and why. ``--regrade`` grades every hand-in again; ``--student ID`` and
+``--assignment NAME`` (nbgrader's names; each may be given more than once, and together they
+choose the hand-ins of those learners in those chapters) grade exactly those again and leave
+the others as they are. A folder inside a course directory's ``submitted/`` is what it is
+there: ``submitted/ada`` grades ada's hand-ins again (``--student ada``),
+``submitted/ada/01_kv_cache_sizing`` that one.
 With ``--dask`` the notebooks are graded on a Dask cluster's workers (``autograder.host.cluster``).
 
 Both grading commands run every notebook in a bubblewrap sandbox (``autograder.host.bubblewrap``)
 unless told ``--sandbox off``; where bwrap is missing or cannot make the sandbox, they stop
-before grading and say so.
+before grading and say so. Both first grade each chapter's own solution under the same limits
+(``autograder.host.proof``): where it does not earn full marks, they grade nothing, keep every
+earlier grade, and say why in one line.
+
+Exit codes: 0 every file graded; 1 a file refused (damaged, unknown, not recorded); 2 no
+sandbox; 3 the grader's own failure (its proof failed, or a hand-in's kernel never started
+or died before any cell the learner wrote: that hand-in keeps its earlier grade); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -38,7 +52,7 @@ import zipfile
 from pathlib import Path
 
 from autograder.host.autograde import Grader, Limits
-from autograder.host.chapters import REPO, chapters, class_chapters
+from autograder.host.chapters import GRADER_FAILED, REPO, GraderFailure, chapters, class_chapters
 from autograder.host.report import NotebookResult, format_report
 
 
@@ -83,8 +97,15 @@ def _parser() -> argparse.ArgumentParser:
                         "export (ID, SIS Login ID); a file whose id is not on it is not graded")
     class_.add_argument("--regrade", action="store_true",
                         help="grade every hand-in again, changed or not (by default a hand-in "
-                        "is graded again only where it, its chapter's source or the course's "
-                        "checks changed)")
+                        "is graded again only where it or what decides its grade changed: its "
+                        "chapter's source, the checks, the versions, the due date, the late "
+                        "penalty)")
+    class_.add_argument("--student", action="append", default=[], metavar="ID",
+                        help="grade this learner's hand-ins again, and no one else's (may be "
+                        "given more than once; with --assignment, theirs in those chapters)")
+    class_.add_argument("--assignment", action="append", default=[], metavar="NAME",
+                        help="grade this chapter's hand-ins again (NN_slug), and no other "
+                        "chapter's (may be given more than once)")
     _limits(class_, default_jobs=os.cpu_count() or 1)
     class_.add_argument("--dask", metavar="ADDRESS",
                         help="grade on a Dask cluster instead of this process's threads: its "
@@ -195,8 +216,9 @@ def _absolute_db(url: str) -> str:
     return url
 
 
-def _finish(results: list[NotebookResult]) -> int:
-    """Print each report, then an error line per file not graded; the exit code."""
+def _finish(results: list[NotebookResult], grader_failed: bool = False) -> int:
+    """Print each report, then an error line per file not graded; the exit code
+    (``GRADER_FAILED`` where the grader failed on one of them)."""
     for result in results:
         if result.graded:
             print(format_report(result))
@@ -204,7 +226,7 @@ def _finish(results: list[NotebookResult]) -> int:
     for result in refused:
         who = f" ({result.learner}, {result.chapter})" if result.learner else ""
         print(f"error: {result.notebook}{who}: {result.error}", file=sys.stderr)
-    return 1 if refused else 0
+    return GRADER_FAILED if grader_failed else 1 if refused else 0
 
 
 def _grade_notebooks(args: argparse.Namespace) -> int:
@@ -221,7 +243,10 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
         submissions.append(Submission(str(path), f"learner-{index + 1:03d}",
                                       named[1] if named else "", None, path))
     read(submissions, known)
-    grade(submissions, Grader(_limits_of(args), _runtime_label()), threads(args.jobs))
+    grader = Grader(_limits_of(args), _runtime_label())
+    if not _proved(grader, [(s.target, s.language) for s in submissions if s.result is None]):
+        return GRADER_FAILED
+    grade(submissions, grader, threads(args.jobs))
     results = [submission.result for submission in submissions]
     for result in results:
         result.learner = ""
@@ -229,14 +254,28 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
         payload = [result.to_json() for result in results]
         payload = payload if len(payload) > 1 else payload[0]
         args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    return _finish(results)
+    return _finish(results, any(s.grader_failed for s in submissions))
+
+
+def _proved(grader: Grader, chapters: list) -> bool:
+    """Whether the grader earns full marks on each (chapter, language)'s own solution here
+    (``proof.prove``); else False, after one error line saying why and what to do."""
+    from autograder.host.proof import prove
+
+    try:
+        prove(grader, chapters)
+    except GraderFailure as failed:
+        print(f"error: the grader cannot grade here, so nothing was graded: {failed}",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str] | None = None,
                  times: dict | None = None) -> int:
     from autograder.host.classroom import ClassRun, grade_class
     from autograder.host.gradebook import prepare_for_nbgrader
-    from autograder.host.layouts import collect, read_roster
+    from autograder.host.layouts import NotHandIns, collect, doubtful_ids, read_roster
     from autograder.host.recording import ClassCourse
 
     prepare_for_nbgrader()  # before the hand-ins are read: nbformat's notices about their ids
@@ -245,18 +284,30 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    course = _class_directory(args, folder)
-    if course is None:
+    try:
+        course = _class_directory(args, folder)
+        if course is None:
+            return 1
+        known = class_chapters(course)
+        if not _selection(args, folder, known):
+            return 1
+        submissions = collect(
+            folder, known,
+            origin_of=(lambda p: origins.get(p.resolve(), str(p))) if origins else None,
+            time_of=(lambda p: times[p.resolve()]) if times else None, roster=roster)
+    except NotHandIns as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
-    known = class_chapters(course)
-    submissions = collect(
-        folder, known, origin_of=(lambda p: origins.get(p.resolve(), str(p))) if origins else None,
-        time_of=(lambda p: times[p.resolve()]) if times else None, roster=roster)
+    submissions = [s for s in submissions if _chosen(s, args)]
     if not submissions:
         print(f"error: {args.submissions}: no notebooks found (expected "
-              "<learner>/<NN_slug>.ipynb, <learner>_<NN_slug>.ipynb or nbgrader's submitted/)",
-              file=sys.stderr)
+              "<learner>/<NN_slug>.ipynb, <learner>_<NN_slug>.ipynb or nbgrader's submitted/"
+              f"{', of ' + _choice(args) if _choice(args) else ''})", file=sys.stderr)
         return 1
+    submitted = course / "submitted"
+    for line in doubtful_ids((s.learner for s in submissions if s.learner),
+                             [p.name for p in submitted.iterdir()] if submitted.is_dir() else []):
+        print(f"warning: {line}", file=sys.stderr)
     if args.dask and args.dask.startswith("local:"):  # its workers share this machine's cores
         args.jobs = int(args.dask.split(":", 1)[1] or 1)
     runner = _runner(args)
@@ -265,7 +316,8 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
     place = ClassCourse(course, _absolute_db(args.db) if args.db else None)
     run = ClassRun(place, Grader(_limits_of(args), _runtime_label(), place.course_id), known,
                    args.state or course / "grading-state.json",
-                   args.csv or course / "grades.csv", runner, args.json, args.regrade)
+                   args.csv or course / "grades.csv", runner, args.json,
+                   args.regrade or bool(_choice(args)))
     try:
         entries = grade_class(run, submissions)
     finally:
@@ -275,19 +327,73 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
         print(f"error: grading {run.stopped}; what was graded is recorded and listed in "
               f"{run.csv}", file=sys.stderr)
         return 130 if "Ctrl-C" in run.stopped else 1
-    code = _finish([e.result for e in entries if not e.ignored])
+    if run.unproven:
+        print(f"error: the grader cannot grade here, so nothing was graded and every earlier "
+              f"grade stands: {run.unproven}", file=sys.stderr)
+        return GRADER_FAILED
+    code = _finish([e.result for e in entries if not e.ignored],
+                   any(e.grader_failed for e in entries))
     for entry in entries:
         if entry.ignored:
             print(f"warning: {entry.origin} ({entry.learner}, {entry.chapter}): "
                   f"{entry.result.error}", file=sys.stderr)
     counts = {status: sum(e.status == status for e in entries) for status in
-              ("graded", "regraded", "unchanged", "not graded", "ignored")}
+              ("graded", "regraded", "rerecorded", "unchanged", "not graded", "ignored")}
     print(f"{len(entries)} submission(s): {counts['graded']} graded now, "
           f"{counts['unchanged']} unchanged since they were last graded (not graded again), "
           f"{counts['regraded']} graded again (what grades them changed), "
           f"{counts['not graded']} not graded (see the error lines), {counts['ignored']} "
-          f"ignored; course directory {course}, gradebook {place.db_url}, scores in {run.csv}")
+          f"ignored, {counts['rerecorded']} recorded again (only their due date, extension, "
+          f"late penalty or hand-in time changed); course directory {course}, gradebook "
+          f"{place.db_url}, scores in {run.csv}")
+    _print_changes(entries)
     return code
+
+
+def _print_changes(entries: list) -> None:
+    """A line per reason a hand-in of this run was graded or recorded again, naming them."""
+    changed: dict[str, list[str]] = {}
+    for entry in entries:
+        if entry.status in ("regraded", "rerecorded") or entry.reason == "its file changed":
+            changed.setdefault(f"{entry.status}: {entry.reason}", []).append(
+                f"{entry.learner} {entry.chapter}")
+    for why, hand_ins in changed.items():
+        print(f"{why}: {len(hand_ins)} ({', '.join(hand_ins)})")
+
+
+def _selection(args: argparse.Namespace, folder: Path, known: dict) -> bool:
+    """Add the learner and chapter that a folder inside ``submitted/`` names to the hand-ins
+    chosen (``--student``, ``--assignment``); False, after an error line, where a chosen
+    learner is named like a chapter or a chosen chapter is not the class's."""
+    from autograder.host.layouts import hand_ins_in
+
+    place = hand_ins_in(folder)
+    inside = place[1] if place else ()
+    args.student = [*args.student, *inside[:1]]
+    args.assignment = [*args.assignment, *inside[1:]]
+    for learner in args.student:
+        if learner in known:
+            print(f"error: {learner!r} is a chapter's name, not a learner's: nothing graded "
+                  "(give a learner's id, or the chapter with --assignment)", file=sys.stderr)
+            return False
+    for chapter in args.assignment:
+        if chapter not in known:
+            print(f"error: --assignment {chapter}: not a chapter of this class "
+                  f"({', '.join(known)})", file=sys.stderr)
+            return False
+    return True
+
+
+def _chosen(submission, args: argparse.Namespace) -> bool:
+    return (not args.student or submission.learner in args.student) and \
+        (not args.assignment or submission.chapter in args.assignment)
+
+
+def _choice(args: argparse.Namespace) -> str:
+    """The hand-ins chosen, in words ("" where all are)."""
+    return " and ".join(filter(None, [
+        "learner(s) " + ", ".join(args.student) if args.student else "",
+        "chapter(s) " + ", ".join(args.assignment) if args.assignment else ""]))
 
 
 def _class_directory(args: argparse.Namespace, folder: Path) -> Path | None:

@@ -60,6 +60,16 @@ class ClassGradebook:
                 return False
             return any(n.name == chapter for n in assignment.notebooks)
 
+    def deadlines(self) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+        """Each chapter's due date, and each (learner, chapter) hand-in's extension, as text
+        ("" where none): what nbgrader's late penalty counts from, besides the hand-in
+        time."""
+        with Gradebook(self.db_url, self.course_id) as book:
+            due = {a.name: str(a.duedate or "") for a in book.assignments}
+            extension = {(s.student_id, a.name): str(s.extension or "")
+                         for a in book.assignments for s in a.submissions}
+        return due, extension
+
     def add_learner(self, learner: str) -> None:
         self.check_untouched()
         with Gradebook(self.db_url, self.course_id) as book:

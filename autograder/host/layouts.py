@@ -11,22 +11,32 @@ or zip (so a zip that wraps everything in one top-level folder reads the same):
     <anything>/<learner>_<NN_slug>.ipynb          a platform's flat download ("-" works too)
     <anything>/<learner>/<NN_slug>.ipynb          one folder per learner
 
-Canvas and Moodle name a learner by the platform's stable id, whatever the upload (Canvas's
-names are read so when every loose file of the download has their form): a late
+Canvas and Moodle name a learner by the platform's stable id, whatever the upload: a late
 upload (``LATE_``) or a renamed second one (``01_kv_cache_sizing-1.ipynb``) is the same
-learner's chapter. A roster (``roster``: the platform's id -> the class's learner id) maps
-those ids, or a flat name's learner part, to the ids the class grades under; with a roster,
-a file whose id is not on it is a problem, never a new learner.
+learner's chapter. Each loose file is read by its own name, whatever lies beside it: a Canvas
+name has Canvas's whole form (a lowercase name, then the two numeric ids); a class's own
+``<learner>_<NN_slug>`` name whose learner has another form is never read as Canvas's, and an
+id read whole that still looks like Canvas's, or that differs from another only by Unicode
+normalisation (a file named on macOS), gets a warning (``doubtful_ids``).
+
+A roster (``roster``: the platform's id -> the class's learner id) maps those ids, or a flat
+name's learner part, to the ids the class grades under; with a roster, a file whose id is not
+on it is a problem, never a new learner.
 
 A folder that is an nbgrader course directory (it holds ``submitted/`` beside ``source/`` or
 ``nbgrader_config.py``) is read from its ``submitted/`` only, never from ``source/``,
-``release/``, ``autograded/`` or ``feedback/``.
+``release/``, ``autograded/`` or ``feedback/`` (given one of those, ``course_directory``
+refuses it). A folder inside its ``submitted/`` is read as what it is there: ``<learner>/``
+that learner's hand-ins, ``<learner>/<NN_slug>/`` that one hand-in; never a new learner. No
+learner is named like a chapter: such a file is a problem.
 
 Two files for the same learner and chapter, files whose path names no learner or no chapter,
 and a hand-in folder with no notebook in it are problems: each gets a line naming its file,
 and none is graded silently. In a hand-in folder (``<learner>/<NN_slug>/``) the chapter's own
 notebook, ``NN_slug.ipynb``, is the one graded, as nbgrader grades it; any other notebook
-there (an ``Untitled.ipynb`` that ``nbgrader submit`` copied along) is listed as ignored.
+there (an ``Untitled.ipynb`` that ``nbgrader submit`` copied along) is listed as ignored, and
+so is every file that is not a notebook (``answers.txt``, a ``.pdf``; nbgrader's own
+``timestamp.txt`` and ``submission_secret.txt`` aside).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import csv
 import datetime as dt
 import difflib
 import re
+import unicodedata
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -44,6 +55,10 @@ from autograder.host.submission import Submission
 SEPARATORS = ("_", "-")
 CANVAS = re.compile(r"^[a-z]+_(?:LATE_)?(?P<learner>\d+)_\d+_(?P<file>.+\.ipynb)$")
 MOODLE = re.compile(r"^.+_(?P<learner>\d+)_assign(?:submission|feedback)_\w+_?$")
+# a learner id that is a Canvas name read whole: a file renamed, or not Canvas's after all
+CANVAS_READ_WHOLE = re.compile(r"^[A-Za-z]+_(?:LATE_)?(?P<learner>\d+)_\d+$")
+NBGRADER_FOLDERS = ("source", "release", "autograded", "feedback")  # never hand-ins
+NBGRADER_FILES = ("timestamp.txt", "submission_secret.txt")  # what `nbgrader submit` adds
 
 
 def _refused(origin: str, message: str, learner: str = "", chapter: str = "",
@@ -71,42 +86,77 @@ def split_name(file_name: str, slugs: Iterable[str]) -> tuple[str, str] | None:
     return None
 
 
+class NotHandIns(ValueError):
+    """A folder inside a course directory that holds no hand-ins; the message says which
+    folder to give instead."""
+
+
 def course_directory(folder: Path) -> Path | None:
-    """The nbgrader course directory that ``folder`` is, or whose ``submitted/`` it is."""
+    """The nbgrader course directory that ``folder`` is, or whose ``submitted/`` holds it
+    (``submitted/`` itself, a learner's folder, one hand-in); None where it is in none (a
+    folder of downloads kept in a course directory is in none). Raises ``NotHandIns`` for
+    nbgrader's other folders (``source/``, ...) and a folder deeper than a hand-in."""
+    place = hand_ins_in(folder)
+    return place[0] if place else None
+
+
+def hand_ins_in(folder: Path) -> tuple[Path, tuple[str, ...]] | None:
+    """``(course directory, where folder is in its submitted/)``: ``()`` for all of it,
+    ``(learner,)`` or ``(learner, chapter)``; None where ``folder`` is in no course's. Raises
+    ``NotHandIns`` as ``course_directory`` does."""
     folder = folder.resolve()
-    for candidate in (folder, folder.parent):
-        if (candidate / "submitted").is_dir() and (
-                (candidate / "source").is_dir() or (candidate / "nbgrader_config.py").exists()):
-            if candidate == folder or folder.name == "submitted":
-                return candidate
+    for course in (folder, *folder.parents):
+        if not _is_course(course):
+            continue
+        inside = folder.relative_to(course).parts
+        if inside[:1] in ((), ("submitted",)) and len(inside) <= 3:
+            return course, inside[1:]
+        if inside[0] == "submitted":
+            raise NotHandIns(f"{folder} is inside a hand-in of the course directory {course}: "
+                             "give the hand-in's folder, submitted/<learner>/<NN_slug>")
+        if inside[0] in NBGRADER_FOLDERS:
+            raise NotHandIns(f"{folder} is in the course directory's {inside[0]}/, which "
+                             f"holds no hand-ins: give the course directory ({course}), its "
+                             "submitted/, a learner's folder or one hand-in's in it")
+        return None
     return None
+
+
+def _is_course(folder: Path) -> bool:
+    """An nbgrader course directory: its configuration, or ``submitted/`` beside ``source/``
+    (one with nothing handed in yet is one too: grading it finds nothing, and never makes the
+    working folder a second course)."""
+    return (folder / "nbgrader_config.py").exists() or (
+        (folder / "submitted").is_dir() and (folder / "source").is_dir())
 
 
 def collect(folder: Path, slugs: Iterable[str], origin_of=None, time_of=None,
             roster: dict[str, str] | None = None) -> list[Submission]:
     """Every submission under ``folder``, in a stable order: those to grade, then those
-    refused here (each with its reason, ``Submission.refuse``).
+    refused here (each with its reason, ``Submission.refuse``), those ignored among them.
 
     ``origin_of(path)`` names a file in reports (default: its path); ``time_of(path)`` is
     when it was handed in, where no ``timestamp.txt`` says (default: its modification time);
-    ``roster`` maps the ids the files name to the class's learner ids.
+    ``roster`` maps the ids the files name to the class's learner ids. A folder in a course
+    directory's ``submitted/`` is read as its place there says (``hand_ins_in``; it raises
+    ``NotHandIns``).
     """
     slugs = list(slugs)
     origin_of = origin_of or str
     time_of = time_of or _modified
-    course = course_directory(folder)
-    root = course / "submitted" if course is not None else folder
+    place = hand_ins_in(folder)
+    root = place[0] / "submitted" if place else folder
+    within = root.joinpath(*place[1]) if place else folder
     found: list[Submission] = []
-    problems: list[Submission] = []
-    if course is not None:
-        problems += _empty_hand_ins(root, slugs)
-    notebooks = {path: path.relative_to(root).parts for path in sorted(root.rglob("*.ipynb"))}
-    notebooks = {path: parts for path, parts in notebooks.items()
-                 if not any(part.startswith(".") for part in parts)}  # not checkpoints
-    loose = [parts[-1] for parts in notebooks.values() if not _in_a_folder_layout(parts, slugs)]
-    canvas = bool(loose) and all(CANVAS.match(name) for name in loose)
-    for path, parts in notebooks.items():
-        located = _locate(parts, slugs, canvas)
+    problems = _empty_hand_ins(root, within, slugs) if place else []
+    files = [path for path in sorted(within.rglob("*")) if path.is_file() and
+             not any(part.startswith(".") for part in path.relative_to(root).parts)]
+    for path in files:  # not checkpoints (.ipynb_checkpoints/), nor a system's hidden files
+        parts = path.relative_to(root).parts
+        if path.suffix != ".ipynb":
+            problems += _not_a_notebook(path, parts, slugs, origin_of, problems)
+            continue
+        located = _locate(parts, slugs)
         if isinstance(located, str):
             problems.append(_refused(origin_of(path), located))
             continue
@@ -118,10 +168,28 @@ def collect(folder: Path, slugs: Iterable[str], origin_of=None, time_of=None,
                                          "the file back)", chapter=chapter))
                 continue
             learner = roster[learner]
+        if learner in slugs:
+            problems.append(_refused(origin_of(path), f"{learner!r}, read as the learner, is a "
+                                     "chapter's name: not graded (a hand-in lies in "
+                                     "submitted/<learner>/<NN_slug>/; grade the course "
+                                     "directory or a learner's folder)", chapter=chapter))
+            continue
         stamp = _nbgrader_timestamp(path.parent) if _in_a_hand_in(parts, slugs) else None
         found.append(Submission(origin_of(path), learner, chapter, stamp or time_of(path),
                                 path))
     return _without_duplicates(found, problems)
+
+
+def _not_a_notebook(path: Path, parts: tuple[str, ...], slugs: list[str], origin_of,
+                    problems: list[Submission]) -> list[Submission]:
+    """An ignored row for a file that is not a notebook: none for nbgrader's own files, nor
+    for one in a hand-in folder already reported as holding no notebook."""
+    origin = origin_of(path)
+    if path.name in NBGRADER_FILES or any(str(path.parent) == p.origin for p in problems):
+        return []
+    learner, chapter = (parts[-3], parts[-2]) if _in_a_hand_in(parts, slugs) else ("", "")
+    return [_refused(origin, f"not a notebook: nbgrader grades only "
+                     f"{chapter or 'NN_slug'}.ipynb", learner, chapter, ignored=True)]
 
 
 def _in_a_hand_in(parts: tuple[str, ...], slugs: list[str]) -> bool:
@@ -134,14 +202,12 @@ def _in_a_folder_layout(parts: tuple[str, ...], slugs: list[str]) -> bool:
     return _in_a_hand_in(parts, slugs) or any(map(MOODLE.match, parts[:-1]))
 
 
-def _locate(parts: tuple[str, ...], slugs: list[str], canvas_names: bool = False
-            ) -> tuple[str, str] | str:
-    """(learner, chapter) from a path relative to the class folder, or why not. Names are
-    read as Canvas's (``canvas_names``) only when every loose file of the download has
-    Canvas's form: a class's own ``<learner>_<NN_slug>`` names are never reread."""
+def _locate(parts: tuple[str, ...], slugs: list[str]) -> tuple[str, str] | str:
+    """(learner, chapter) from a path relative to the class folder, or why not. A file name
+    is Canvas's when it has Canvas's whole form, whatever lies beside it."""
     if _in_a_hand_in(parts, slugs):
         return parts[-3], parts[-2]
-    canvas = CANVAS.match(parts[-1]) if canvas_names else None
+    canvas = CANVAS.match(parts[-1])
     platform = canvas or next(filter(None, map(MOODLE.match, parts[:-1])), None)
     if platform:
         file_name = canvas["file"] if canvas else parts[-1]
@@ -179,12 +245,13 @@ def _near_match(file_name: str, slugs: list[str], contained_only: bool = False) 
     return close[0] if close else None
 
 
-def _empty_hand_ins(root: Path, slugs: list[str]) -> list[Submission]:
-    """A problem for each ``<learner>/<NN_slug>/`` folder of nbgrader's ``submitted/`` that
-    holds no notebook (nbgrader's autograde would stop on it)."""
+def _empty_hand_ins(root: Path, within: Path, slugs: list[str]) -> list[Submission]:
+    """A problem for each ``<learner>/<NN_slug>/`` folder of nbgrader's ``submitted/``
+    (``root``) in ``within`` that holds no notebook (nbgrader's autograde would stop on it)."""
     empty = []
     for folder in sorted(root.glob("*/*/")):
         if folder.name in slugs and not folder.parent.name.startswith(".") and \
+                folder.is_relative_to(within) and \
                 not any(folder.rglob("*.ipynb")):
             held = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
             empty.append(_refused(
@@ -222,6 +289,32 @@ def _without_duplicates(found: list[Submission], problems: list[Submission]
                 "none of them was graded: keep one and grade again", learner, chapter,
                 submission.timestamp))
     return kept + problems
+
+
+def doubtful_ids(learners: Iterable[str], known: Iterable[str] = ()) -> list[str]:
+    """A warning line for each of ``learners`` (ids read from this run's files) that may not
+    be a learner's own id: one shaped like a Canvas name read whole (``name_userid_uploadid``),
+    and one that differs from another of them or of ``known`` (the class's learners) only by
+    Unicode normalisation (NFC, as most systems write names, or NFD, as macOS does)."""
+    learners = sorted(set(learners))
+    lines = [f"{learner!r} is read as a learner id but looks like a Canvas download's name "
+             f"(its learner would be {canvas['learner']!r}): check that it is not a second id "
+             "for one learner" for learner in learners if (canvas := CANVAS_READ_WHOLE.match(
+                 learner))]
+    forms: dict[str, set[str]] = {}
+    for learner in {*learners, *known}:
+        forms.setdefault(unicodedata.normalize("NFC", learner), set()).add(learner)
+    for same in forms.values():
+        if len(same) > 1 and same & set(learners):
+            named = " and ".join(f"{learner!r} ({_form(learner)})" for learner in sorted(same))
+            lines.append(f"{named} differ only by Unicode normalisation: one person, graded "
+                         "as two learners; rename one folder or file to the other's form")
+    return lines
+
+
+def _form(text: str) -> str:
+    return next((form for form in ("NFC", "NFD") if unicodedata.normalize(form, text) == text),
+                "mixed normalisation")
 
 
 def read_roster(path: Path) -> dict[str, str]:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from autograder.hints import in_language
 from autograder.host.chapters import grade_id_of
+from autograder.host.sandbox import Limits
 from course.language import ENGLISH, aligned, columns, tr_later
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -36,14 +37,20 @@ class NotebookResult:
     timestamp: str = ""  # when it was handed in (UTC, ISO 8601), where known
     error: str = ""  # why it was not graded at all; then ``tests`` is empty
     language: str = ENGLISH  # the notebook's: its hints and this report are in it
+    penalty: float = 0.0  # the late penalty nbgrader recorded (a class's gradebook; else 0)
 
     @property
     def graded(self) -> bool:
         return not self.error
 
     @property
-    def score(self) -> float:
+    def raw_score(self) -> float:
         return sum(t.points for t in self.tests)
+
+    @property
+    def score(self) -> float:
+        """The score after the late penalty, as ``nbgrader export`` computes it."""
+        return max(0.0, self.raw_score - self.penalty)
 
     @property
     def max_score(self) -> float:
@@ -53,6 +60,7 @@ class NotebookResult:
         return {"learner": self.learner, "notebook": self.notebook, "chapter": self.chapter,
                 "timestamp": self.timestamp, "status": "graded" if self.graded else "not graded",
                 "error": self.error, "runtime": self.runtime, "score": self.score,
+                "raw_score": self.raw_score, "penalty": self.penalty,
                 "max_score": self.max_score, "language": self.language,
                 "tests": [asdict(t) for t in self.tests]}
 
@@ -61,37 +69,45 @@ class NotebookResult:
         return cls(data["notebook"], data["chapter"], data["runtime"],
                    [TestResult(**t) for t in data["tests"]], data.get("learner", ""),
                    data.get("timestamp", ""), data.get("error", ""),
-                   data.get("language", ENGLISH))
+                   data.get("language", ENGLISH), data.get("penalty", 0.0))
 
 
 def result_of(chapter: str, tests: list[tuple[str, float]], learner: str, origin: str,
               runtime: str, scores: dict[str, float], executed: dict | None,
-              reason: str = "", language: str = ENGLISH) -> NotebookResult:
+              reason: str = "", language: str = ENGLISH,
+              cell_timeout: int = Limits.cell_timeout) -> NotebookResult:
     """Per test cell (``tests``: grade id and points, in order): its points from ``scores``,
     and the hint its failure left in the ``executed`` notebook (``reason`` for every test of a
-    notebook not run at all), in the notebook's ``language``."""
+    notebook not run at all), in the notebook's ``language``; ``cell_timeout`` is the limit
+    a cell that ran out of time ran past."""
     outputs = {grade_id_of(cell): cell.get("outputs", [])
                for cell in (executed or {}).get("cells", []) if grade_id_of(cell)}
     found = []
     for grade_id, max_points in tests:
         points = 0.0 if reason else float(scores.get(grade_id, 0.0))
         passed = points == max_points
-        message = reason or ("" if passed else failure_message(outputs.get(grade_id)))
+        message = reason or ("" if passed else failure_message(outputs.get(grade_id),
+                                                                  cell_timeout))
         found.append(TestResult(grade_id, points, max_points, passed,
                                 in_language(message, language)))
     return NotebookResult(origin, chapter, runtime, found, learner=learner, language=language)
 
 
-def failure_message(outputs: list | None) -> str:
-    """The hint a failed test cell left in its outputs, in one paragraph."""
+def failure_message(outputs: list | None, cell_timeout: int) -> str:
+    """The hint a failed test cell left in its outputs, in one paragraph; a cell that ran past
+    its limit of ``cell_timeout`` seconds is told so."""
     if outputs is None:
         return tr_later("this test cell is missing from the notebook")
+    # nbgrader's executor interrupts a cell past its limit: the kernel's KeyboardInterrupt
+    # comes first, the executor's CellTimeoutError after it
+    if any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError"
+           for o in outputs):
+        return tr_later(f"this cell ran past its {cell_timeout} s limit (look for an endless "
+                        "loop or a very slow call)")
     for output in outputs:
         if output.get("output_type") == "error":
             if output.get("ename") in VERDICTS and output.get("evalue"):
                 return _ANSI.sub("", output["evalue"])
-            if output.get("ename") == "CellTimeoutError":
-                return tr_later("the cell ran past its time limit (look for an endless loop)")
             return _ANSI.sub("", f"{output.get('ename')}: {output.get('evalue')}".strip())
     for output in outputs:
         if output.get("output_type") == "stream" and output.get("name") == "stderr":
@@ -121,8 +137,17 @@ def format_report(result: NotebookResult) -> str:
         lines.append(f"  {aligned(test.id, -width)}  {points:>9}  {verdict}")
         if test.message:
             lines += _wrap(test.message, "      " + hint + " ", "            ")
-    lines.append("  " + in_language(f"score: {result.score:g} / {result.max_score:g}", language))
+    lines.append("  " + in_language(f"score: {result.score:g} / {result.max_score:g}", language)
+                 + _penalty_note(result))
     return "\n".join(lines)
+
+
+def _penalty_note(result: NotebookResult) -> str:
+    """What a score line adds for a late penalty: the penalty, in the result's language."""
+    if not result.penalty:
+        return ""
+    return " " + in_language(f"(late penalty {result.penalty:g}, from {result.raw_score:g})",
+                             result.language)
 
 
 def _wrap(text: str, first: str, then: str, width: int = WIDTH) -> list[str]:

@@ -136,6 +136,23 @@ def rebuild(submitted: NotebookNode, released: NotebookNode) -> Rebuilt:
     return result
 
 
+def mark_restored(notebook: NotebookNode, grade_ids: tuple[str, ...]) -> None:
+    """Mark the cells of ``grade_ids`` in the graded ``notebook`` as put back for a cell the
+    learner deleted: nbgrader flags a test cell missing from a submission for manual grading,
+    and the gradebook does so for these too (``recording.FlagRestored``)."""
+    for cell in notebook.cells:
+        if _nbgrader(cell).get("grade_id") in grade_ids:
+            cell.metadata.setdefault("course", {})[_RESTORED] = True
+
+
+def was_restored(cell: NotebookNode) -> bool:
+    """Whether ``mark_restored`` marked ``cell``."""
+    return bool(cell.get("metadata", {}).get("course", {}).get(_RESTORED))
+
+
+_RESTORED = "restored"  # the mark, under the cell's ``course`` metadata
+
+
 def _unique_ids(cells: list[NotebookNode]) -> list[NotebookNode]:
     """Give every cell an id no earlier cell has (anchors keep theirs: they come first)."""
     taken = {c.get("id") for c in cells if _is_anchor(c)}

@@ -22,6 +22,7 @@ import nbformat
 from autograder.hints import in_language
 from autograder.host.autograde import Job
 from autograder.host.chapters import Chapter, NotGradable, load_submission, recognise
+from autograder.host.freshness import Inputs
 from autograder.host.report import NotebookResult
 from course.language import ENGLISH, LANGUAGES, tr_later
 
@@ -38,10 +39,16 @@ class Submission:
     target: Chapter | None = None  # the chapter it is graded as
     result: NotebookResult | None = None
     executed: dict | None = None  # the graded notebook, for its feedback page
-    reused: bool = False  # unchanged since it was last graded: its earlier result stands
-    regraded: bool = False  # unchanged, but graded again: what grades it changed
-    ignored: bool = False  # beside the chapter's own notebook in its hand-in: not graded
-    graded_by: str = ""  # what its grade depends on besides the file (``classroom.graded_by``)
+    reused: bool = False  # not run again since it was last graded: its earlier result stands
+    regraded: bool = False  # the same file, run again: what grades it changed, or asked to
+    rerecorded: bool = False  # reused, and recorded again: its due date, penalty or time changed
+    ignored: bool = False  # a file nbgrader skips too (not the chapter's notebook): not graded
+    grader_failed: bool = False  # refused for the grader's own failure: nothing recorded
+    # refused, yet recorded by nbgrader as its autograde records a notebook it fails on: a
+    # submission with its time, waiting for manual grading (``ClassCourse.record_refused``)
+    flagged: bool = False
+    inputs: Inputs | None = None  # what decides its grade (``freshness``), once known
+    reason: str = ""  # why it was (or was not) graded again, in words (``freshness.decide``)
 
     @property
     def when(self) -> str:
@@ -53,10 +60,12 @@ class Submission:
         """What this run did with it, as the CSV and JSON say."""
         if self.result is None or not self.result.graded:
             return "ignored" if self.ignored else "not graded"
+        if self.rerecorded:
+            return "rerecorded"
         return "unchanged" if self.reused else "regraded" if self.regraded else "graded"
 
     def to_json(self) -> dict:
-        return {**self.result.to_json(), "status": self.status}
+        return {**self.result.to_json(), "status": self.status, "reason": self.reason}
 
     def refuse(self, message: str) -> None:
         language = self.language
