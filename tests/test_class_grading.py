@@ -146,6 +146,15 @@ def test_a_class_through_nbgrader_exchange_as_the_readme_says(tmp_path):
     assert "_thoroughly(" not in page and "output_error" not in page  # no traceback output
     assert not list(course.rglob(".hypothesis"))
 
+    # every learner fetches their feedback through nbgrader's exchange, as released
+    nbgrader("generate_feedback", FIRST.name, "--force", cwd=course)
+    nbgrader("release_feedback", FIRST.name, cwd=course)
+    for learner in handed_in:
+        home = tmp_path / "home" / learner
+        nbgrader("fetch_feedback", FIRST.name, "--student", learner, cwd=home)
+        fetched = list((home / FIRST.name / "feedback").rglob(f"{FIRST.name}.html"))
+        assert fetched and "BEGIN HIDDEN TESTS" not in fetched[-1].read_text(), learner
+
 
 def test_a_platform_zip_in_every_layout_with_every_mistake(tmp_path):
     """Nested and flat uploads in one top-level folder, numeric ids that differ only in their

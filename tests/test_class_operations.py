@@ -399,14 +399,6 @@ def test_one_learner_regraded_is_filed_under_that_learner():
           ("grade", {}))
 
 
-def test_a_failing_grading_machine_keeps_every_grade():
-    _play(("hand_in", {"learner": "ada", "fraction": 1.0, "hours": -2}),
-          ("grade", {}),
-          ("grading_machine_fails", {"failure": "memory"}),
-          ("grading_machine_fails", {"failure": "kernel"}),
-          ("grade", {}))
-
-
 def test_grading_a_class_with_nothing_handed_in_makes_no_second_course():
     _play(("grade", {}),
           ("hand_in", {"learner": "ada", "fraction": 1.0, "hours": -2}),

@@ -94,3 +94,19 @@ def test_grading_a_solution_under_a_memory_limit_too_small_gives_no_zero(tmp_pat
     assert done.returncode == GRADER_FAILED
     assert done.stdout == "" and "score" not in done.stderr
     assert done.stderr.count("\n") == 1 and "raise --memory-limit" in done.stderr
+
+
+def test_grade_proves_a_chapter_by_a_notebook_it_graded_to_full_marks_else_by_its_source(
+        tmp_path):
+    """``grade`` shows grades only once proved: a solved notebook earning full marks is the
+    proof for its chapter (the source is not graded again); an unsolved one is not, and the
+    chapter's own source is graded for it."""
+    solved, unsolved = tmp_path / "solved.ipynb", tmp_path / "unsolved.ipynb"
+    nbformat.write(synthetic.solved(FIRST), solved)
+    nbformat.write(synthetic.solved(FIRST, 0.0), unsolved)
+    for notebook, by in ((solved, "a hand-in's full marks"), (unsolved, "its source")):
+        cache = tmp_path / f"cache-{notebook.stem}"
+        done = _run("grade", notebook, cwd=tmp_path, env={"KV_COURSE_CACHE": str(cache)})
+        assert done.returncode == 0, done.stderr
+        proofs = [json.loads(p.read_text()) for p in (cache / "proofs").glob("*.json")]
+        assert [(p["chapter"], p["by"]) for p in proofs] == [(FIRST.name, by)]

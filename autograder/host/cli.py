@@ -32,9 +32,10 @@ With ``--dask`` the notebooks are graded on a Dask cluster's workers (``autograd
 
 Both grading commands run every notebook in a bubblewrap sandbox (``autograder.host.bubblewrap``)
 unless told ``--sandbox off``; where bwrap is missing or cannot make the sandbox, they stop
-before grading and say so. Both first grade each chapter's own solution under the same limits
-(``autograder.host.proof``): where it does not earn full marks, they grade nothing, keep every
-earlier grade, and say why in one line.
+before grading and say so. Both prove the grader on each chapter's own solution under the same
+limits (``autograder.host.proof``; for ``grade``, a notebook it graded to full marks is that
+proof): where it does not earn full marks, they record and show no grade, keep every earlier
+grade, and say why in one line.
 
 Exit codes: 0 every file graded; 1 a file refused (damaged, unknown, not recorded); 2 no
 sandbox; 3 the grader's own failure (its proof failed, or a hand-in's kernel never started
@@ -244,9 +245,14 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
                                       named[1] if named else "", None, path))
     read(submissions, known)
     grader = Grader(_limits_of(args), _runtime_label())
-    if not _proved(grader, [(s.target, s.language) for s in submissions if s.result is None]):
-        return GRADER_FAILED
+    graded = [(s.target, s.language) for s in submissions if s.result is None]
+    # Graded first, shown only once the grader has proved itself: a notebook here earning
+    # full marks is that proof for its chapter (nothing is recorded, so nothing is undone)
     grade(submissions, grader, threads(args.jobs))
+    if not _proved(grader, graded, [(s.target, s.language) for s in submissions
+                                    if s.result.graded and s.result.tests and
+                                    s.result.raw_score == s.result.max_score]):
+        return GRADER_FAILED
     results = [submission.result for submission in submissions]
     for result in results:
         result.learner = ""
@@ -257,13 +263,14 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
     return _finish(results, any(s.grader_failed for s in submissions))
 
 
-def _proved(grader: Grader, chapters: list) -> bool:
+def _proved(grader: Grader, chapters: list, shown: list = ()) -> bool:
     """Whether the grader earns full marks on each (chapter, language)'s own solution here
-    (``proof.prove``); else False, after one error line saying why and what to do."""
+    (``proof.prove``, ``shown`` those a notebook just earned full marks for); else False,
+    after one error line saying why and what to do."""
     from autograder.host.proof import prove
 
     try:
-        prove(grader, chapters)
+        prove(grader, chapters, shown=shown)
     except GraderFailure as failed:
         print(f"error: the grader cannot grade here, so nothing was graded: {failed}",
               file=sys.stderr)

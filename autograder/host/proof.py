@@ -2,11 +2,13 @@
 a hand-in would be, must earn full marks.
 
 A hand-in graded where the grader cannot work (its kernel finds no memory, no Jupyter kernel,
-an environment the sandbox hides) would score zero for the grader's fault. So before ``grade``
-and ``grade-all`` grade anything, ``prove`` grades the instructor's notebook of every
-(chapter, language) among the hand-ins through the same ``Grader``, under the same limits; one
-that does not earn full marks stops the run before anything is graded or recorded, with one
-sentence saying why and what to do (``GraderFailure``).
+an environment the sandbox hides) would score zero for the grader's fault. So before
+``grade-all`` grades anything, and before ``grade`` shows any grade, ``prove`` grades the
+instructor's notebook of every (chapter, language) among the hand-ins through the same
+``Grader``, under the same limits; one that does not earn full marks stops the run before
+anything is recorded or shown, with one sentence saying why and what to do
+(``GraderFailure``). A notebook ``grade`` has just graded to full marks is the same evidence,
+and proves its chapter without another grading.
 
 A passing proof is kept in the grader's cache folder, keyed on everything that could change
 its verdict (``_key``), and taken under a file lock, so it costs one grading per chapter and
@@ -42,12 +44,18 @@ _PACKAGES = ("autograder", "course", "kernels")  # their code decides a grade, a
 _MEMORY_TRIES = 3  # a kernel that died under the memory limit: graded again at 2x, 4x, 8x
 
 
-def prove(grader: Grader, chapters: Iterable[tuple[Chapter, str]], diagnose: bool = True
-          ) -> None:
+def prove(grader: Grader, chapters: Iterable[tuple[Chapter, str]], diagnose: bool = True,
+          shown: Iterable[tuple[Chapter, str]] = ()) -> None:
     """Grade each (chapter, language)'s source notebook with ``grader``; raise
     ``GraderFailure``, its message one sentence for the instructor (why, and what to do;
     with ``diagnose`` off, only that it fell short, without the gradings a diagnosis may
-    take), at the first that does not earn full marks. A passing proof is cached (``_key``)."""
+    take), at the first that does not earn full marks. A passing proof is cached (``_key``).
+
+    ``shown``: the (chapter, language) pairs for which a hand-in graded by ``grader`` in this
+    run has just earned full marks. That is the proof's own evidence (this machine, these
+    settings, full marks for correct work), so those are proved without grading the source
+    again."""
+    shown = set(shown)
     for chapter, language in dict.fromkeys(chapters):
         source = chapter.source_in(language)
         text = source.read_text(encoding="utf-8")
@@ -59,13 +67,16 @@ def prove(grader: Grader, chapters: Iterable[tuple[Chapter, str]], diagnose: boo
             if proved.exists():
                 continue
             started = time.monotonic()
-            outcome = _graded(grader, chapter, language, source, text)
-            if not isinstance(outcome, Outcome) or outcome.result.score < \
-                    outcome.result.max_score:
-                raise GraderFailure(_why(grader, chapter, language, source, text, outcome)
-                                    if diagnose else f"{chapter.name} fell short")
-            proved.write_text(json.dumps({"chapter": chapter.name, "language": language,
-                                          "seconds": round(time.monotonic() - started, 1)}))
+            if (chapter, language) not in shown:
+                outcome = _graded(grader, chapter, language, source, text)
+                if not isinstance(outcome, Outcome) or outcome.result.score < \
+                        outcome.result.max_score:
+                    raise GraderFailure(_why(grader, chapter, language, source, text, outcome)
+                                        if diagnose else f"{chapter.name} fell short")
+            proved.write_text(json.dumps({
+                "chapter": chapter.name, "language": language,
+                "by": "a hand-in's full marks" if (chapter, language) in shown else "its source",
+                "seconds": round(time.monotonic() - started, 1)}))
 
 
 def _graded(grader: Grader, chapter: Chapter, language: str, source: Path, text: str
