@@ -275,8 +275,8 @@ class ClassOperations(RuleBasedStateMachine):
         """Graded again where the grading machine cannot grade (a memory limit the chapter's
         own solution cannot run under, a Jupyter kernel that starts a program not there):
         the grader's failure, never the learners' grade. Nothing changes."""
-        if not self.handed:
-            return
+        if all(fraction == DAMAGED for fraction, _ in self.handed.values()):
+            return  # nothing to grade, so nothing to prove: the damaged are refused as ever
         before = (_cells(self.ours), _export(self.ours), _files(self.ours))
         if failure == "memory":
             failed = _autograder("grade-all", self.ours, "--regrade", "--memory-limit", "0.3",
@@ -352,7 +352,8 @@ class ClassOperations(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             if self.graded:  # nbgrader's feedback commands after grade-all
-                nbgrader("generate_feedback", NAME, "--force", cwd=self.ours)
+                if any((self.ours / "autograded").glob(f"*/{NAME}")):  # else it has none
+                    nbgrader("generate_feedback", NAME, "--force", cwd=self.ours)
                 nbgrader("release_feedback", NAME, cwd=self.ours)
                 released = {p.parts[-4] for p in
                             (self.root / "exchange-ours").rglob("*.html")}
@@ -411,3 +412,11 @@ def test_a_damaged_hand_in_a_zip_and_an_edited_test():
           ("edit_a_test", {}),
           ("grade", {}),
           ("regrade_one_learner", {"learner": "bo.li"}))
+
+
+def test_only_damaged_hand_ins_then_a_failing_machine_and_the_feedback_commands():
+    _play(("hand_in_damaged", {"learner": "ada", "hours": -30}),
+          ("grading_machine_fails", {"failure": "memory"}),
+          ("grade", {}),
+          ("give_extension", {"learner": "ada", "hours": 6}),
+          ("grade", {}))
