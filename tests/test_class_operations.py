@@ -21,7 +21,9 @@ grading:
 
 At the end of each run of operations, nbgrader's ``generate_feedback`` and
 ``release_feedback`` work on ``ours`` and release a page for every learner. The sequences the
-machine found failing are kept below as explicit cases.
+machine found failing are kept below as explicit cases, with one that reaches a damaged
+hand-in, a zip and an edited test together. The due date moved after a first grading and one
+learner regraded by folder are ``test_regrading.py``'s cases against stock nbgrader.
 """
 
 from __future__ import annotations
@@ -379,25 +381,6 @@ def _play(*steps) -> None:
             machine.nothing_is_filed_under_a_chapter()
     finally:
         machine.teardown()
-
-
-def test_a_due_date_and_penalty_set_after_a_first_grading_apply():
-    _play(("hand_in", {"learner": "ada", "fraction": 1.0, "hours": 3}),
-          ("hand_in", {"learner": "bo.li", "fraction": 1.0, "hours": -2}),
-          ("grade", {}),
-          ("set_due_date", {"hours": 0}),
-          ("set_penalty", {"method": "zero"}),
-          ("grade", {}),
-          ("give_extension", {"learner": "ada", "hours": 6}),
-          ("grade", {}))
-
-
-def test_one_learner_regraded_is_filed_under_that_learner():
-    _play(("hand_in", {"learner": "ada", "fraction": 0.5, "hours": -2}),
-          ("hand_in", {"learner": "李明", "fraction": 1.0, "hours": -2}),
-          ("grade", {}),
-          ("regrade_one_learner", {"learner": "李明"}),
-          ("grade", {}))
 
 
 def test_grading_a_class_with_nothing_handed_in_makes_no_second_course():
