@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import json
 import os
 import shutil
 import subprocess
@@ -45,6 +44,8 @@ from conftest import CHAPTERS, nbgrader
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from test_grader_failure import _broken_kernel
+from test_nbgrader_parity import _cells, _export
 
 from autograder.builder import synthetic
 
@@ -98,38 +99,11 @@ def _notebooks() -> dict[float, nbformat.NotebookNode]:
     return {fraction: synthetic.solved(CHAPTER, fraction) for fraction in FRACTIONS}
 
 
-def _cells(course: Path) -> dict:
-    """Every grade of every submission: scores, flag, and the submission's penalty and time."""
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE_ID) as book:
-        return {(s.student_id, g.name): (g.auto_score, g.manual_score, g.needs_manual_grade,
-                                         s.late_submission_penalty, s.timestamp)
-                for s in book.find_assignment(NAME).submissions
-                for g in s.notebooks[0].grades}
-
-
-def _export(course: Path) -> list[dict]:
-    nbgrader("export", "--to", "export.csv", cwd=course)
-    with open(course / "export.csv", newline="") as handle:
-        return sorted(csv.DictReader(handle), key=lambda row: row["student_id"])
-
-
 def _files(course: Path) -> dict[str, bytes]:
     """What a grading leaves for learners: graded notebooks and feedback pages."""
     return {str(path.relative_to(course)): path.read_bytes()
             for folder in ("autograded", "feedback") for path in (course / folder).rglob("*")
             if path.is_file()}
-
-
-def _broken_kernel(folder: Path) -> dict[str, str]:
-    """An environment whose Jupyter kernel ``python3`` starts a program that is not there."""
-    spec = folder / "kernels" / "python3"
-    spec.mkdir(parents=True, exist_ok=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": ["/nonexistent/bin/python", "-m", "ipykernel_launcher", "-f",
-                 "{connection_file}"], "display_name": "Python 3", "language": "python"}))
-    return {"JUPYTER_PATH": str(folder)}
 
 
 class ClassOperations(RuleBasedStateMachine):

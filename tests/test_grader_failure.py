@@ -35,7 +35,7 @@ def _run(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProce
 def _broken_kernel(folder: Path) -> dict:
     """A Jupyter path whose ``python3`` kernel starts a program that is not there."""
     spec = folder / "kernels" / "python3"
-    spec.mkdir(parents=True)
+    spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
         "argv": ["/nonexistent/bin/python", "-m", "ipykernel_launcher", "-f",
                  "{connection_file}"], "display_name": "Python 3", "language": "python"}))
