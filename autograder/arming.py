@@ -6,12 +6,14 @@ configuration the grader writes, and the one ``course-dir`` writes for nbgrader'
 
 1. ``course.setup()``: Triton's mode is chosen before any kernel is defined, and the library
    is told that the notebook is being graded (animations and heavy plots skip themselves);
-2. ``guard.arm()``: the chapter's checks, and what they rely on, are recorded
+2. ``seal.seal()``: the checks, imported from here on, are gated, and the audit hook that
+   keeps the learner's code from what they know is installed (``autograder.seal``);
+3. ``guard.arm()``: the chapter's checks, and what they rely on, are recorded
    (``autograder.guard``);
-3. every answer of the chapter being graded becomes a tripwire (``autograder.borrowing``);
+4. every answer of the chapter being graded becomes a tripwire (``autograder.borrowing``);
    the chapter is named by ``KV_COURSE_CHAPTER``, else by the kernel's working folder, which
    nbgrader names after the assignment (``autograded/<learner>/<NN_slug>/``);
-4. each cell's start ends the test that the cell before it ran (``guard.verify()``, the first
+5. each cell's start ends the test that the cell before it ran (``guard.verify()``, the first
    line of every test cell, starts one).
 
 The library knows nothing of this: grading concerns stay in ``autograder``.
@@ -36,10 +38,11 @@ def arm(chapter: str | None = None) -> None:
     import course
 
     course.setup(quiet=True)  # first: Triton's mode is read when it is imported
-    from autograder import borrowing, guard
+    from autograder import borrowing, guard, seal
     from course.notebook import being_graded
 
     being_graded()
+    seal.seal()
     slug = chapter or os.environ.get("KV_COURSE_CHAPTER") or Path.cwd().name
     guard.arm(slug)
     install_tripwires(slug)

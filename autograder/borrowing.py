@@ -80,7 +80,9 @@ _ORIGINALS: dict[int, Callable] = {}
 
 
 def course_version(value: Any) -> Any:
-    """The course's own answer behind a tripwire; ``value`` itself where it is none."""
+    """The course's own answer behind a tripwire; ``value`` itself where it is none. For the
+    grader's code alone: the learner's code that calls it is refused (``autograder.seal``)."""
+    (lambda __kv_gate__="kv-course gate": None).__code__  # noqa: B018 (autograder.seal)
     return _ORIGINALS.get(id(value), value)
 
 

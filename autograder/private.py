@@ -29,6 +29,7 @@ import functools
 import hashlib
 import importlib
 import pickle
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 from autograder.borrowing import check_subject
 from autograder.checks._helpers import CheckFailed
 from autograder.hints import in_language
+from autograder.seal import CHECK_ENDED, CHECK_STARTED
 from autograder.table import parts_of
 from course.language import tr_later
 
@@ -54,6 +56,7 @@ def visible(check: Callable) -> Callable:
 
     @functools.wraps(check)
     def run(*args: Any, **kwargs: Any) -> Any:
+        (lambda __kv_gate__="kv-course entry": None).__code__  # noqa: B018 (autograder.seal)
         outer = _STATE["scope"], _STATE["counts"]
         _STATE["scope"], _STATE["counts"] = f"{check.__module__}.{check.__name__}", {}
         try:
@@ -66,8 +69,11 @@ def visible(check: Callable) -> Callable:
 
 def _verdict(check: Callable, args: tuple, kwargs: dict, kind: str) -> Any:
     """Run ``check``, unless what it is given is the course's own answer; its failure becomes
-    a ``CheckFailed`` that names the TODO's test."""
+    a ``CheckFailed`` that names the TODO's test. While a notebook is graded, a check in
+    which the learner's code reached for what the checks know fails as it ends
+    (``autograder.seal``), whatever the learner's code did next."""
     check_subject(*args)
+    sys.audit(CHECK_STARTED)
     try:
         return check(*args, **kwargs)
     except CheckFailed:
@@ -77,6 +83,8 @@ def _verdict(check: Callable, args: tuple, kwargs: dict, kind: str) -> Any:
         chapter = check.__module__.rpartition(".ch")[2][:2]  # autograder.checks.ch03
         raise CheckFailed(in_language(str(failure), chapter=chapter),
                           in_language(f"The {kind} of {todo}")) from failure
+    finally:
+        sys.audit(CHECK_ENDED)
 
 
 def thorough(check: Callable) -> Callable:
@@ -84,6 +92,7 @@ def thorough(check: Callable) -> Callable:
 
     @functools.wraps(check)
     def run(*args: Any, **kwargs: Any) -> Any:
+        (lambda __kv_gate__="kv-course entry": None).__code__  # noqa: B018 (autograder.seal)
         return _verdict(check, args, kwargs, tr_later("hidden test"))
 
     return run

@@ -26,6 +26,7 @@ import torch
 
 from autograder.checks._helpers import learner_call
 from autograder.private import private, visible
+from autograder.seal import opened
 from course.block_manager import BlockManager
 from course.paged_engine import (
     GenRequest,
@@ -174,7 +175,7 @@ def decode_run(fn: Callable, prompts: list[list[int]], case: dict,
     pool = KVPool.empty(model, case["num_blocks"], block_size)
     for prompt, slots in zip(prompts, case["prefill_slots"], strict=True):
         paged_prefill(model, prompt, slots, pool)
-    counted = CountedAttention(attention or paged_decode_attention)
+    counted = opened(CountedAttention(attention or paged_decode_attention))
     for step, (tokens, batch, wanted, shifted) in enumerate(zip(
             case["tokens"], case["batches"], case["logits"], case["shifted"], strict=True)):
         logits = learner_call("paged_decode_step", fn, model, tokens.to(device),
@@ -242,6 +243,7 @@ class Observing:
             return plan
 
         scheduler.add, scheduler.step = observed_add, observed_step
+        opened(self, observed_add, observed_step)  # the learner's serve drives the engine
 
     def note(self, call: str) -> None:
         if self.steps:

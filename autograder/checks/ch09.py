@@ -19,6 +19,7 @@ from autograder.checks._memory_audit import MemoryAudit, nearest
 from autograder.checks._tensors import expect_attention_output
 from autograder.checks.ch07_audit import quiet, store_finding
 from autograder.private import private, visible
+from autograder.seal import opened
 from course.chunked_engine import ChunkedEngine, engine_requests, serve_chunked
 from course.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Schedule
 from course.paged_cases import VARLEN_SEED as SEED
@@ -501,6 +502,7 @@ def run_engine(fn: Callable, specs: list[tuple], block_size: int, num_blocks: in
                budget: int, schedule: Callable | None, attention: Callable, label: str,
                device: str = "cpu") -> None:
     model = TinyModel(seed=SEED, device=device)
+    opened(attention)  # the learner's step calls the attention it is given
     engine = WatchedEngine(model, num_blocks, block_size, budget, attention=attention,
                            schedule=schedule, step=fn)
     engine.label = label

@@ -354,7 +354,18 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
           f"late penalty or hand-in time changed); course directory {course}, gradebook "
           f"{place.db_url}, scores in {run.csv}")
     _print_changes(entries)
+    _print_sealed(entries)
     return code
+
+
+def _print_sealed(entries: list) -> None:
+    """A line naming the hand-ins whose code reached for what the checks know
+    (``autograder.seal``): those tests scored zero; the notebooks are worth a look."""
+    sealed = [f"{e.learner} {e.chapter}" for e in entries
+              if e.result.graded and any(t.sealed for t in e.result.tests)]
+    if sealed:
+        print(f"warning: code reached for what the checks know (those tests scored 0): "
+              f"{len(sealed)} ({', '.join(sealed)})", file=sys.stderr)
 
 
 def _print_changes(entries: list) -> None:

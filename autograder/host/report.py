@@ -11,8 +11,10 @@ from autograder.host.sandbox import Limits
 from course.language import ENGLISH, aligned, columns, tr_later
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# exceptions whose message is the whole hint (the checks' verdicts, a borrowed answer)
-VERDICTS = ("AssertionError", "CheckFailed", "BorrowedAnswer")
+# exceptions whose message is the whole hint (the checks' verdicts, a borrowed answer, code
+# that reached for what the checks know)
+VERDICTS = ("AssertionError", "CheckFailed", "BorrowedAnswer", "Sealed")
+SEALED = "Sealed"  # ``autograder.seal``: the instructor's summary names such hand-ins
 NOT_GRADED = "NotGraded"  # the error a test cell of a notebook not run shows, with the reason
 WIDTH = 96  # the columns of a terminal a hint's lines take, indent included
 _CLOSING = "，。、；：！？）》」』】"  # punctuation that never starts a line
@@ -25,6 +27,7 @@ class TestResult:
     max_points: float
     passed: bool
     message: str  # the failing check's hint; empty when passed
+    sealed: bool = False  # failed because the learner's code reached for what checks know
 
 
 @dataclass
@@ -88,8 +91,10 @@ def result_of(chapter: str, tests: list[tuple[str, float]], learner: str, origin
         passed = points == max_points
         message = reason or ("" if passed else failure_message(outputs.get(grade_id),
                                                                   cell_timeout))
+        sealed = not passed and any(o.get("ename") == SEALED
+                                    for o in outputs.get(grade_id) or [])
         found.append(TestResult(grade_id, points, max_points, passed,
-                                in_language(message, language)))
+                                in_language(message, language), sealed))
     return NotebookResult(origin, chapter, runtime, found, learner=learner, language=language)
 
 

@@ -1,0 +1,414 @@
+"""Sealing the checks off from the code they test: while a notebook is graded, the learner's
+code can neither read what a check knows nor call the grader's own functions.
+
+A check holds, while it calls the learner's code, the expected value, the reference function
+that computed it, the model a stateful check compares with, the known mistakes a hint names
+and the hidden cases still to come. All of it lives in the grading kernel beside the
+learner's code. ``seal()`` runs when the kernel starts, before the notebook's first cell
+(``autograder.arming``), and closes each way to it:
+
+* **Every frame is told apart by its code's file**: the grader's (``autograder/``), the
+  library's (the course's ``course/`` and ``kernels/``, Python's own library, installed
+  packages), or the learner's (a notebook cell, code compiled from a string). Code cannot be
+  given a grader's or library's file name by the learner: compiling to such a name, building
+  a code object, and unmarshalling one that claims such a file without being that file's
+  own bytecode are refused.
+* **The grader's functions refuse the learner.** The checks' and hidden checks' modules are
+  compiled, when the kernel imports them, with a gate at the top of every function and
+  lambda: it reads a marked lambda's ``__code__``, which raises an audit event that no name
+  lookup stands between (a learner cannot patch it away). Called, however it was reached
+  (``sys.modules``, a computed import, a module's globals, an object a check handed over),
+  by the learner's code, with only library code between, a grader function raises
+  ``Sealed``. A check's entry (``autograder.private.visible``) may be called from a cell,
+  but not by the learner's code inside a running check.
+* **Introspection that reaches a check's frames is refused** to the learner's code: a frame
+  from ``sys._getframe`` (``inspect.currentframe``, ``inspect.stack``) or from a
+  traceback, generator or coroutine, while a check is on the stack; ever: other threads'
+  frames (``sys._current_frames``), the garbage collector's object lists, trace and profile
+  functions (which would be handed every frame of the next test), ``ctypes``, reading the
+  grader's files (or this process's memory) and starting programs.
+* A learner's code that tripped a defence fails the test whatever it did next: the check's
+  entry asks, as the check ends, whether a defence was tripped while it ran.
+
+The state (the grader's module namespaces, the trips) lives in the closure of the audit
+hook, which nothing reachable refers to; an audit hook cannot be removed. ``Sealed`` is a
+``BaseException``, so that ``except Exception`` in the learner's code does not swallow it.
+
+What stays open is written down in CONTRIBUTING ("What a learner's code cannot reach").
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import marshal
+import os
+import sys
+import sysconfig
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from course.language import tr_later
+
+GATE = "kv-course gate"  # the default of the lambda a grader function starts by reading
+ENTRY = "kv-course entry"  # the same, for a check's entry, which a cell may call
+CHECK_STARTED, CHECK_ENDED = "kv-course.check-started", "kv-course.check-ended"
+OPENED = "kv-course.opened"
+
+_AUTOGRADER = str(Path(__file__).resolve().parent) + os.sep
+_GATED_PACKAGES = ("autograder.checks.", "autograder.hidden.")
+
+
+class Sealed(BaseException):
+    """The learner's code reached for what the checks know."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows the message alone
+        return [str(self)]
+
+
+def _message(what: str) -> str:
+    from autograder.hints import in_language
+
+    return in_language(f"This test does not count: the code it checks reached for what the "
+                       f"checks know ({what}). Write the TODO from its inputs alone.")
+
+
+def opened(*objects: Any) -> Any:
+    """Let the learner's code use ``objects`` until the running check ends: what a check
+    hands it to call by design (an engine whose decode the learner's ``serve`` drives, the
+    attention an engine step is given, a connector; the memory audit's loads and stores,
+    which Triton's interpreter calls for the learner's kernel). A function is opened by its
+    code, an instance for its methods, a class for the methods it defines. Returns the
+    first object."""
+    (lambda __kv_gate__="kv-course gate": None).__code__  # noqa: B018 (the learner may not)
+    for value in objects:
+        sys.audit(OPENED, value)
+    return objects[0]
+
+
+# --- the gate, compiled into every function of the checks ------------------------------------
+
+
+def _gate_statement(mark: str) -> ast.stmt:
+    gate = ast.parse(f"(lambda __kv_gate__={mark!r}: None).__code__").body[0]
+    return gate
+
+
+class _Gating(ast.NodeTransformer):
+    """Put the gate first in every function (after its docstring) and lambda."""
+
+    def _gated(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
+        self.generic_visit(node)
+        docstring = (node.body and isinstance(node.body[0], ast.Expr)
+                     and isinstance(node.body[0].value, ast.Constant)
+                     and isinstance(node.body[0].value.value, str))
+        node.body.insert(1 if docstring else 0, _gate_statement(GATE))
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _gated
+
+    def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
+        self.generic_visit(node)
+        read = _gate_statement(GATE).value
+        node.body = ast.Subscript(value=ast.Tuple(elts=[read, node.body], ctx=ast.Load()),
+                                  slice=ast.Constant(1), ctx=ast.Load())
+        return node
+
+
+def gated_code(source: bytes, path: str) -> Any:
+    """``source`` compiled with the gate in every function and lambda."""
+    tree = _Gating().visit(ast.parse(source, filename=path))
+    return compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True)
+
+
+class _GatedLoader(importlib.machinery.SourceFileLoader):
+    """Loads a checks module from its source, gated, never from (or to) a bytecode cache."""
+
+    def __init__(self, fullname: str, path: str, namespaces: set[int]) -> None:
+        super().__init__(fullname, path)
+        self._namespaces = namespaces
+
+    def get_code(self, fullname: str) -> Any:
+        path = self.get_filename(fullname)
+        return gated_code(self.get_data(path), path)
+
+    def exec_module(self, module: Any) -> None:
+        self._namespaces.add(id(module.__dict__))
+        super().exec_module(module)
+
+
+class _GatedFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, namespaces: set[int]) -> None:
+        self._namespaces = namespaces
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if not fullname.startswith(_GATED_PACKAGES):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not str(spec.origin).endswith(".py"):
+            return spec
+        spec.loader = _GatedLoader(fullname, spec.origin, self._namespaces)
+        return spec
+
+
+# --- whose code a frame runs -------------------------------------------------------------------
+
+GRADER, LIBRARY, LEARNER = "grader", "library", "learner"
+
+
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+    for package in ("course", "kernels"):
+        spec = importlib.util.find_spec(package)
+        if spec and spec.origin:
+            roots.add(str(Path(spec.origin).parent))
+    return tuple(sorted(os.path.realpath(r) + os.sep for r in roots if r))
+
+
+def _owner_of(filename: str, library: tuple[str, ...]) -> str:
+    if filename.startswith(_AUTOGRADER):
+        return GRADER
+    if filename.startswith(library) or filename.startswith("<frozen "):
+        return LIBRARY
+    return LEARNER
+
+
+# --- the hook ----------------------------------------------------------------------------------
+
+_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code",
+                               "gi_code", "cr_code", "ag_code"})
+# what the learner's code reached for, in words
+THREADS, OBJECTS = tr_later("another thread's frames"), tr_later("the garbage collector's objects")
+TRACER, PROFILER = tr_later("a trace function"), tr_later("a profile function")
+CODE_MADE, CTYPES = tr_later("a code object of its own making"), tr_later("ctypes")
+PROGRAM, PROCESS = tr_later("a program"), tr_later("a new process")
+FUNCTIONS, CODE = tr_later("the checks' own functions"), tr_later("the checks' own code")
+FRAME, FILES = tr_later("a frame of the checks"), tr_later("the grader's files")
+MEMORY = tr_later("this process's memory")
+SPOOFED = tr_later("code under the grader's or the library's name")
+_NEVER_TO_LEARNER = {  # event -> what the learner reached for
+    "sys._current_frames": THREADS,
+    "gc.get_objects": OBJECTS,
+    "gc.get_referrers": OBJECTS,
+    "gc.get_referents": OBJECTS,
+    "sys.settrace": TRACER,
+    "sys.setprofile": PROFILER,
+    "code.__new__": CODE_MADE,  # refused when made directly
+    "os.system": PROGRAM, "os.exec": PROGRAM, "os.posix_spawn": PROGRAM,
+    "os.spawn": PROGRAM, "os.fork": PROCESS, "os.forkpty": PROCESS,
+}
+# A program may be started only by Triton (compiling a kernel for a GPU: ptxas, a C
+# compiler, ldconfig), whoever launched the kernel.
+
+
+def seal() -> None:
+    """Install the gated loader and the audit hook: once per kernel, before any of the
+    learner's code runs and before the checks are imported."""
+    if any(isinstance(finder, _GatedFinder) for finder in sys.meta_path):
+        return
+    namespaces: set[int] = set()
+    sys.meta_path.insert(0, _GatedFinder(namespaces))
+    sys.addaudithook(_hook(namespaces, _library_roots()))
+
+
+def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tuple], None]:
+    """The audit hook; every name it uses is bound here, so that nothing the learner can
+    reach changes what it decides."""
+    getframe, get_ident, realpath, fspath = sys._getframe, threading.get_ident, \
+        os.path.realpath, os.fspath
+    owner_of, message, loads, sealed = _owner_of, _message, marshal.loads, Sealed
+    triton = _triton_folder()
+    harmless = _harmless_frame_users()
+    busy: set[int] = set()
+    trips: list[str] = []  # what the learner reached for since the outermost check began
+    depth = [0]  # checks running: a hidden check may run a visible one
+    opened: dict[int, Any] = {}  # id -> what the running checks opened, kept alive
+    watched = frozenset({"sys._getframe", "object.__getattr__", "open", "compile",
+                         "marshal.loads", "subprocess.Popen", CHECK_STARTED, CHECK_ENDED, OPENED,
+                         *_NEVER_TO_LEARNER})
+
+    def frames(start: Any) -> Any:
+        while start is not None:
+            yield start, owner_of(start.f_code.co_filename, library)
+            start = start.f_back
+
+    def first_not_library(start: Any) -> tuple[Any, str | None]:
+        for frame, owner in frames(start):
+            if owner != LIBRARY:
+                return frame, owner
+        return None, None
+
+    def in_check(start: Any) -> bool:
+        return any(owner == GRADER for _, owner in frames(start))
+
+    def refuse(what: str) -> None:
+        trips.append(what)
+        raise sealed(message(what))
+
+    def gate(requester: Any, entry: bool) -> None:
+        """``requester``: the grader function that started with the gate."""
+        frame, owner = first_not_library(requester.f_back)
+        if owner == LEARNER and (not entry or in_check(frame)) and not is_open(requester):
+            refuse(FUNCTIONS)
+
+    def is_open(requester: Any) -> bool:
+        code = requester.f_code
+        if id(code) in opened:
+            return True
+        if not code.co_argcount:
+            return False
+        first = requester.f_locals.get(code.co_varnames[0])
+        return first is not None and id(first) in opened
+
+    def open_up(value: Any) -> None:
+        if isinstance(value, type):
+            for member in vars(value).values():
+                open_up(member)
+        elif hasattr(value, "__code__") and hasattr(value, "__globals__"):
+            opened[id(value.__code__)] = value.__code__
+        else:  # an instance: its methods, called on it
+            opened[id(value)] = value
+
+    def decide(event: str, args: tuple, requester: Any) -> None:
+        if event == "object.__getattr__":
+            target, name = args
+            if name == "__code__":
+                defaults = getattr(target, "__defaults__", None)
+                mark = defaults[0] if type(defaults) is tuple and len(defaults) == 1 else None
+                if type(mark) is str and mark in (GATE, ENTRY) and \
+                        owner_of(requester.f_code.co_filename, library) == GRADER:
+                    gate(requester, entry=mark == ENTRY)
+                elif id(getattr(target, "__globals__", None)) in namespaces and \
+                        first_not_library(requester)[1] == LEARNER:
+                    refuse(CODE)
+            elif name in _FRAME_ATTRIBUTES:
+                frame, owner = first_not_library(requester)
+                if owner == LEARNER and in_check(frame):
+                    refuse(FRAME)
+        elif event == "sys._getframe":
+            if id(requester.f_code) in harmless:
+                return
+            frame, owner = first_not_library(requester)
+            if owner == LEARNER and in_check(frame):
+                refuse(FRAME)
+        elif event in (CHECK_STARTED, CHECK_ENDED, OPENED):
+            if owner_of(requester.f_code.co_filename, library) != GRADER:
+                return
+            if event == OPENED:
+                open_up(args[0])
+                return
+            if event == CHECK_STARTED:
+                if depth[0] == 0:
+                    trips.clear()
+                depth[0] += 1
+                return
+            depth[0] = max(depth[0] - 1, 0)
+            if depth[0] == 0:
+                opened.clear()
+            if trips:
+                what = trips[0]
+                if depth[0] == 0:
+                    trips.clear()
+                raise sealed(message(what))
+        elif first_not_library(requester)[1] != LEARNER:
+            return
+        elif event == "open":
+            path = args[0]
+            if isinstance(path, str | bytes | os.PathLike):
+                path = realpath(fspath(path))
+                path = path.decode() if isinstance(path, bytes) else path
+                if path.startswith(_AUTOGRADER) or path + os.sep == _AUTOGRADER:
+                    refuse(FILES)
+                if path.startswith("/proc/") and path.endswith("/mem"):
+                    refuse(MEMORY)
+        elif event == "compile":
+            genuine_compile(args, requester)
+        elif event == "marshal.loads":
+            spoofed(args[0], requester)
+        elif event == "subprocess.Popen":
+            if not any(frame.f_code.co_filename.startswith(triton)
+                       for frame, _ in frames(requester)):
+                refuse(PROGRAM)
+        elif event == "code.__new__":
+            if owner_of(requester.f_code.co_filename, library) == LEARNER:
+                refuse(_NEVER_TO_LEARNER[event])
+        elif event in _NEVER_TO_LEARNER or event.startswith("ctypes."):
+            refuse(_NEVER_TO_LEARNER.get(event, CTYPES))
+
+    def genuine_compile(args: tuple, requester: Any) -> None:
+        """Code compiled under a grader's or library's file name: by a library (Triton
+        rewriting a kernel, importing a module that has no bytecode cache), and from that
+        file's own source when the source is text."""
+        source, filename = args[0], args[1]
+        if isinstance(filename, bytes):
+            filename = filename.decode(errors="replace")
+        if not isinstance(filename, str) or owner_of(filename, library) == LEARNER:
+            return
+        if owner_of(requester.f_code.co_filename, library) == LEARNER:
+            refuse(SPOOFED)
+        if not isinstance(source, str | bytes):
+            return  # a syntax tree a library built: Triton's interpreter
+        try:
+            with open(filename, "rb") as genuine:  # noqa: PTH123 (the hook's own read)
+                text = genuine.read()
+        except OSError:
+            text = None
+        if text != (source.encode() if isinstance(source, str) else source):
+            refuse(SPOOFED)
+
+    def spoofed(data: Any, requester: Any) -> None:
+        """Unmarshalled code that claims a grader's or library's file must be that file's
+        own bytecode (what importing it reads)."""
+        try:
+            code = loads(bytes(data))
+        except Exception:
+            return
+        claimed = code.co_filename if hasattr(code, "co_filename") else None
+        if claimed is None or owner_of(claimed, library) == LEARNER:
+            return
+        try:
+            cached = importlib.util.cache_from_source(claimed)
+            with open(cached, "rb") as genuine:  # noqa: PTH123 (the hook's own read)
+                if genuine.read()[16:] == bytes(data):
+                    return
+        except (OSError, ValueError, NotImplementedError):
+            pass
+        refuse(SPOOFED)
+
+    def hook(event: str, args: tuple) -> None:
+        if event not in watched and not event.startswith("ctypes."):
+            return
+        me = get_ident()
+        if me in busy:
+            return
+        busy.add(me)
+        try:
+            decide(event, args, getframe(1))
+        finally:
+            busy.discard(me)
+
+    return hook
+
+
+def _harmless_frame_users() -> frozenset[int]:
+    """The library functions that look at their caller's frame for its module's name and
+    hand no frame on: a learner's code may define a named tuple or an enum inside a check."""
+    import collections
+    import enum
+    import typing
+
+    users = [collections.namedtuple, typing._caller, enum.EnumType._create_]
+    return frozenset(id(user.__code__) for user in users)
+
+
+def _triton_folder() -> str:
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.origin:
+        return "/nonexistent/"
+    return str(Path(spec.origin).parent) + os.sep
