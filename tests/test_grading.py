@@ -17,6 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from attacks import KINDS, attacked, attacks_in, stopped_by_the_seal
 from conftest import CHAPTERS, grade, graded_together, max_points, selected
 from mutants import ch01 as mutants
 from notebook_variants import (
@@ -28,6 +29,7 @@ from notebook_variants import (
     source_named,
 )
 
+from autograder.host.chapters import EXERCISES
 from autograder.table import PARTS
 from course import kv_sizing
 
@@ -53,10 +55,11 @@ def _warner(num_layers, num_kv_heads, head_dim, bytes_per_element):
     return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
 
 
-def _four_notebooks(chapter, repo: Path, folder: Path) -> list[Path]:
+def _five_notebooks(chapter, repo: Path, folder: Path) -> list[Path]:
     """The instructor's solution (every cell a learner is given to change edited), the
-    unfilled exercise, a differently written correct one, and one whose every TODO borrows
-    the course's own answer."""
+    unfilled exercise, a differently written correct one, one whose every TODO borrows the
+    course's own answer, and one whose every TODO reaches for what the checks know
+    (``tests/attacks.py``, the kinds taken in turn from one of the chapter's own)."""
     exercise = repo / "exercises" / f"{chapter.name}.ipynb"
     parts = PARTS[chapter.name]
     alternative = importlib.import_module(parts.alternatives)
@@ -72,16 +75,18 @@ def _four_notebooks(chapter, repo: Path, folder: Path) -> list[Path]:
     given_cells_edited(chapter.source, edited)
     return [edited, exercise,
             fill(exercise, folder / "alternative" / f"{chapter.name}.ipynb", solutions),
-            borrowed(exercise, folder / "borrowed" / f"{chapter.name}.ipynb", chapter.source)]
+            borrowed(exercise, folder / "borrowed" / f"{chapter.name}.ipynb", chapter.source),
+            attacked(exercise, chapter.source, folder / "attacked" / f"{chapter.name}.ipynb",
+                     first=2 * CHAPTERS.index(chapter))]
 
 
 @pytest.fixture(scope="module")
 def every_chapter(request, repo, tmp_path_factory):
-    """Each chapter's four notebooks, all graded by one `grade` command, as an instructor
+    """Each chapter's five notebooks, all graded by one `grade` command, as an instructor
     grades a folder of a class's notebooks (the chapters this run selects): chapter name ->
-    (the four results, in order; what was printed for the solution)."""
+    (the five results, in order; what was printed for the solution)."""
     folder = tmp_path_factory.mktemp("chapters")
-    return graded_together({chapter.name: _four_notebooks(chapter, repo, folder / chapter.name)
+    return graded_together({chapter.name: _five_notebooks(chapter, repo, folder / chapter.name)
                             for chapter in selected(request, "chapter")}, folder / "report.json")
 
 
@@ -92,7 +97,7 @@ def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, eve
     full marks; the unfilled exercise and one whose every TODO borrows the course's own answer
     (imported, aliased through importlib, wrapped, partial, a method copied, delegated to,
     inherited) get zero, each test saying why."""
-    (solution, unfilled, other, borrower), shown = every_chapter[chapter.name]
+    (solution, unfilled, other, borrower, _), shown = every_chapter[chapter.name]
     names = list(importlib.import_module(PARTS[chapter.name].mutants).MUTANTS)
     full = max_points(chapter)
     assert full > 0 and len(solution["tests"]) == 2 * len(names)  # visible + hidden per TODO
@@ -111,8 +116,39 @@ def test_solution_full_exercise_zero_alternative_full_borrowed_zero(chapter, eve
                              "language", "tests"}
     assert solution["penalty"] == 0 and solution["raw_score"] == solution["score"]
     assert solution["language"] == "en"
-    assert set(solution["tests"][0]) == {"id", "points", "max_points", "passed", "message"}
+    assert set(solution["tests"][0]) == {"id", "points", "max_points", "passed", "message",
+                                         "sealed"}
     assert f"score: {full:g} / {full:g}" in shown and "graded on " in shown, shown
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_every_todo_reaching_for_what_the_checks_know_scores_zero(chapter, every_chapter):
+    """Frames walked, tracebacks and generators climbed, the garbage collector searched, the
+    hidden checks found in the loaded modules, imported under a computed name, loaded afresh
+    from their file or read and run, a result equal to anything: every test scores zero."""
+    attacker = every_chapter[chapter.name][0][4]
+    stopped_by_the_seal(attacker, attacks_in(Path(attacker["notebook"])))
+
+
+def test_the_seal_stopped_every_kind_of_attack_that_found_something(every_chapter):
+    """Over the chapters, each kind of attack but the always-equal result (which finds
+    nothing to stop) was failed by the seal (``autograder.seal``) somewhere."""
+    if len(every_chapter) < len(CHAPTERS):
+        pytest.skip("only some chapters were selected")
+    stopped = set()
+    for results, _ in every_chapter.values():
+        stopped |= stopped_by_the_seal(results[4], attacks_in(Path(results[4]["notebook"])))
+    assert set(KINDS) - {"always_equal"} <= stopped, stopped
+
+
+def test_the_attacks_of_the_chapters_take_every_kind(tmp_path):
+    """Over the chapters' TODOs, the attacks take every kind at least once."""
+    seen = set()
+    for index, chapter in enumerate(CHAPTERS):
+        exercise = EXERCISES / f"{chapter.name}.ipynb"
+        seen |= set(attacks_in(attacked(exercise, chapter.source, tmp_path / chapter.name,
+                                        first=2 * index)).values())
+    assert seen == set(KINDS)
 
 
 @pytest.fixture(scope="module")

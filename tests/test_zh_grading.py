@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import re
 import shutil
+from pathlib import Path
 
 import pytest
+from attacks import attacked, attacks_in, stopped_by_the_seal
 from conftest import CHAPTERS, grade, graded_together, max_points, selected
 from notebook_variants import given_cells_edited
 
@@ -23,23 +25,27 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 @pytest.fixture(scope="module")
 def every_chapter(request, tmp_path_factory):
     """Each chapter's Chinese solution (every cell a learner is given to change edited, as
-    they try things there) and unfilled exercise, all graded by one `grade` command (the
-    chapters this run selects): chapter name -> (the two results; what was printed for the
-    solution)."""
+    they try things there), unfilled exercise, and exercise whose every TODO reaches for what
+    the checks know (``tests/attacks.py``, other kinds than the English one's), all graded by
+    one `grade` command (the chapters this run selects): chapter name -> (the three results;
+    what was printed for the solution)."""
     folder = tmp_path_factory.mktemp("chapters")
-    two = {}
+    three = {}
     for chapter in selected(request, "chapter"):
         solution = folder / chapter.name / f"{chapter.name}.ipynb"
         given_cells_edited(chapter.source_in(ZH), solution)
-        two[chapter.name] = [solution, EXERCISES / ZH / f"{chapter.name}.ipynb"]
-    return graded_together(two, folder / "report.json")
+        exercise = EXERCISES / ZH / f"{chapter.name}.ipynb"
+        three[chapter.name] = [solution, exercise, attacked(
+            exercise, chapter.source_in(ZH), folder / "attacked" / f"{chapter.name}.ipynb",
+            first=4 + 2 * CHAPTERS.index(chapter))]
+    return graded_together(three, folder / "report.json")
 
 
 @pytest.mark.pipeline
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_a_chinese_solution_grades_full_marks_and_its_exercise_zero_in_chinese(chapter,
                                                                               every_chapter):
-    (graded, unfilled), shown = every_chapter[chapter.name]
+    (graded, unfilled, _), shown = every_chapter[chapter.name]
     full = max_points(chapter)
     assert (graded["chapter"], graded["language"]) == (chapter.name, ZH)
     assert (graded["score"], graded["max_score"]) == (full, full), [
@@ -48,6 +54,15 @@ def test_a_chinese_solution_grades_full_marks_and_its_exercise_zero_in_chinese(c
     assert all("还没有实现" in t["message"] for t in unfilled["tests"]), [
         t["message"] for t in unfilled["tests"]]
     assert f"得分：{full:g} / {full:g}" in shown and "通过" in shown, shown
+
+
+@pytest.mark.pipeline
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_every_todo_reaching_for_what_the_checks_know_scores_zero_in_chinese(chapter,
+                                                                             every_chapter):
+    attacker = every_chapter[chapter.name][0][2]
+    stopped_by_the_seal(attacker, attacks_in(Path(attacker["notebook"])))
+    assert all("本测试不计分" in t["message"] for t in attacker["tests"] if t["sealed"])
 
 
 @pytest.mark.pipeline
