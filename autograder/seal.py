@@ -80,10 +80,9 @@ def _message(what: str) -> str:
 def opened(*objects: Any) -> Any:
     """Let the learner's code use ``objects`` until the running check ends: what a check
     hands it to call by design (an engine whose decode the learner's ``serve`` drives, the
-    attention an engine step is given, a connector; the memory audit's loads and stores,
-    which Triton's interpreter calls for the learner's kernel). A function is opened by its
-    code, an instance for its methods, a class for the methods it defines. Returns the
-    first object."""
+    attention an engine step is given, a connector). A function is opened by its code, an
+    instance for its methods, a class for the methods it defines. Returns the first
+    object."""
     (lambda __kv_gate__="kv-course gate": None).__code__  # noqa: B018 (the learner may not)
     for value in objects:
         sys.audit(OPENED, value)
@@ -93,28 +92,83 @@ def opened(*objects: Any) -> Any:
 # --- the gate, compiled into every function of the checks ------------------------------------
 
 
-def _gate_statement(mark: str) -> ast.stmt:
-    gate = ast.parse(f"(lambda __kv_gate__={mark!r}: None).__code__").body[0]
-    return gate
+def _gate_statements() -> list[ast.stmt]:
+    """The gate: a nested function named ``__kv_gate__`` whose ``__code__`` is read (its name,
+    unlike its defaults, is read without an audit event of its own)."""
+    return ast.parse("def __kv_gate__():\n    pass\n__kv_gate__.__code__").body
+
+
+def _lambda_gate() -> ast.expr:
+    """A lambda's gate, an expression: a marked lambda's ``__code__``."""
+    return ast.parse(f"(lambda __kv_gate__={GATE!r}: None).__code__").body[0].value
+
+
+_CONSTRUCTORS = frozenset({"__init__", "__new__", "__call__", "__post_init__"})
+
+
+def _inherits_its_constructor(node: ast.ClassDef) -> bool:
+    """A plain class (no decorator, no metaclass) with a base that is not a builtin type,
+    defining no constructor of its own."""
+    import builtins
+
+    own = {f.name for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+    bases = [ast.unparse(b) for b in node.bases]
+    return bool(bases) and not node.decorator_list and not node.keywords and \
+        not own & {"__init__", "__new__"} and not any(hasattr(builtins, b) for b in bases)
 
 
 class _Gating(ast.NodeTransformer):
-    """Put the gate first in every function (after its docstring) and lambda."""
+    """Put the gate first (after a docstring) in what a module's namespace reaches by name or
+    through its data: its functions and lambdas, and its classes' constructors, class and
+    static methods. An instance's methods are reached through the instance, and the checks'
+    instances are out of the learner's reach (frames and the garbage collector are refused,
+    and a class cannot be instantiated by the learner's code); gating every method call
+    would put an audit event into each of a model's million steps. What a function defines
+    inside it (a strategy's lambda, a closure) is reached only through an object or a frame
+    of a running check, the same way."""
+
+    def __init__(self) -> None:
+        self.inside_function = 0
+        self.in_class = False
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+        outer, self.in_class = self.in_class, not self.inside_function
+        if self.in_class and _inherits_its_constructor(node):
+            # a check's subclass of a library class (an engine, a connector): a constructor
+            # of its own, so that it too is gated
+            node.body.append(ast.parse("def __init__(self, *args, **kwargs):\n"
+                                       "    super().__init__(*args, **kwargs)").body[0])
+        self.generic_visit(node)
+        self.in_class = outer
+        return node
 
     def _gated(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
+        in_class, self.in_class = self.in_class, False
+        self.inside_function += 1
         self.generic_visit(node)
+        self.inside_function -= 1
+        self.in_class = in_class
+        decorators = {ast.unparse(d) for d in node.decorator_list}
+        if self.inside_function or in_class and node.name not in _CONSTRUCTORS and \
+                not decorators & {"classmethod", "staticmethod"}:
+            return node
         docstring = (node.body and isinstance(node.body[0], ast.Expr)
                      and isinstance(node.body[0].value, ast.Constant)
                      and isinstance(node.body[0].value.value, str))
-        node.body.insert(1 if docstring else 0, _gate_statement(GATE))
+        at = 1 if docstring else 0
+        node.body[at:at] = _gate_statements()
         return node
 
     visit_FunctionDef = visit_AsyncFunctionDef = _gated
 
     def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
+        self.inside_function += 1
         self.generic_visit(node)
-        read = _gate_statement(GATE).value
-        node.body = ast.Subscript(value=ast.Tuple(elts=[read, node.body], ctx=ast.Load()),
+        self.inside_function -= 1
+        if self.inside_function:
+            return node
+        node.body = ast.Subscript(value=ast.Tuple(elts=[_lambda_gate(), node.body],
+                                                  ctx=ast.Load()),
                                   slice=ast.Constant(1), ctx=ast.Load())
         return node
 
@@ -223,6 +277,7 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
     getframe, get_ident, realpath, fspath = sys._getframe, threading.get_ident, \
         os.path.realpath, os.fspath
     owner_of, message, loads, sealed = _owner_of, _message, marshal.loads, Sealed
+    function = type(_owner_of)
     triton = _triton_folder()
     harmless = _harmless_frame_users()
     busy: set[int] = set()
@@ -233,9 +288,18 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
                          "marshal.loads", "subprocess.Popen", CHECK_STARTED, CHECK_ENDED, OPENED,
                          *_NEVER_TO_LEARNER})
 
+    owners: dict[str, str] = {}  # file name -> whose code
+
+    def whose(frame: Any) -> str:
+        filename = frame.f_code.co_filename
+        found = owners.get(filename)
+        if found is None:
+            found = owners[filename] = owner_of(filename, library)
+        return found
+
     def frames(start: Any) -> Any:
         while start is not None:
-            yield start, owner_of(start.f_code.co_filename, library)
+            yield start, whose(start)
             start = start.f_back
 
     def first_not_library(start: Any) -> tuple[Any, str | None]:
@@ -275,15 +339,29 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
         else:  # an instance: its methods, called on it
             opened[id(value)] = value
 
+    def gate_kind(target: Any) -> str | None:
+        """``GATE`` or ``ENTRY`` for a gate's function, else None."""
+        if type(target) is not function:
+            return None
+        if target.__name__ == "__kv_gate__":
+            return GATE
+        if target.__name__ != "<lambda>":
+            return None
+        defaults = target.__defaults__
+        mark = defaults[0] if type(defaults) is tuple and len(defaults) == 1 else None
+        return mark if type(mark) is str and mark in (GATE, ENTRY) else None
+
     def decide(event: str, args: tuple, requester: Any) -> None:
         if event == "object.__getattr__":
             target, name = args
             if name == "__code__":
-                defaults = getattr(target, "__defaults__", None)
-                mark = defaults[0] if type(defaults) is tuple and len(defaults) == 1 else None
-                if type(mark) is str and mark in (GATE, ENTRY) and \
-                        owner_of(requester.f_code.co_filename, library) == GRADER:
-                    gate(requester, entry=mark == ENTRY)
+                kind = gate_kind(target)
+                if kind is not None and whose(requester) == GRADER:
+                    caller = requester.f_back
+                    if caller is not None and id(caller.f_globals) in namespaces and \
+                            whose(caller) == GRADER:
+                        return  # the grader calling its own: the common case, first
+                    gate(requester, entry=kind == ENTRY)
                 elif id(getattr(target, "__globals__", None)) in namespaces and \
                         first_not_library(requester)[1] == LEARNER:
                     refuse(CODE)
@@ -298,7 +376,7 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
             if owner == LEARNER and in_check(frame):
                 refuse(FRAME)
         elif event in (CHECK_STARTED, CHECK_ENDED, OPENED):
-            if owner_of(requester.f_code.co_filename, library) != GRADER:
+            if whose(requester) != GRADER:
                 return
             if event == OPENED:
                 open_up(args[0])
@@ -336,7 +414,7 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
                        for frame, _ in frames(requester)):
                 refuse(PROGRAM)
         elif event == "code.__new__":
-            if owner_of(requester.f_code.co_filename, library) == LEARNER:
+            if whose(requester) == LEARNER:
                 refuse(_NEVER_TO_LEARNER[event])
         elif event in _NEVER_TO_LEARNER or event.startswith("ctypes."):
             refuse(_NEVER_TO_LEARNER.get(event, CTYPES))
@@ -350,7 +428,7 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
             filename = filename.decode(errors="replace")
         if not isinstance(filename, str) or owner_of(filename, library) == LEARNER:
             return
-        if owner_of(requester.f_code.co_filename, library) == LEARNER:
+        if whose(requester) == LEARNER:
             refuse(SPOOFED)
         if not isinstance(source, str | bytes):
             return  # a syntax tree a library built: Triton's interpreter
@@ -382,7 +460,10 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
         refuse(SPOOFED)
 
     def hook(event: str, args: tuple) -> None:
-        if event not in watched and not event.startswith("ctypes."):
+        if event == "object.__getattr__":
+            if args[1] != "__code__" and args[1] not in _FRAME_ATTRIBUTES:
+                return
+        elif event not in watched and not event.startswith("ctypes."):
             return
         me = get_ident()
         if me in busy:

@@ -15,7 +15,7 @@ course.setup(quiet=True)
 from autograder import guard, seal  # noqa: E402
 
 seal.seal()
-guard.arm("01_kv_cache_sizing")  # the checks imported as arming imports them, gated
+guard.arm()  # every chapter's checks imported as arming imports them, gated
 
 ch01 = sys.modules["autograder.checks.ch01"]
 hidden = sys.modules["autograder.hidden.ch01"]
@@ -79,7 +79,9 @@ def outcome(attempt) -> str:
 
 
 def main() -> None:
-    learner = {"ch01": ch01, "hidden": hidden, "seal": seal, "GRADER_FILE": GRADER_FILE}
+    learner = {"ch01": ch01, "hidden": hidden, "seal": seal, "GRADER_FILE": GRADER_FILE,
+               "hidden05": sys.modules["autograder.hidden.ch05"],
+               "hidden11": sys.modules["autograder.hidden.ch11"]}
     cell(CELL, learner)
     run = {}
 
@@ -89,6 +91,8 @@ def main() -> None:
     attempt("call a hidden oracle", "hidden.kv_token_case(**CASE)")
     attempt("call a hidden check", "hidden.check_kv_bytes_per_token_thoroughly(right)")
     attempt("open a hidden oracle to itself", "seal.opened(hidden.kv_token_case)")
+    attempt("build a hidden model", "hidden05._Model(8, 4, 4, 64, 0.0, 'recompute', 0)")
+    attempt("build a check's subclass of a library class", "hidden11._OracleHalf(None, 4)")
     attempt("copy a hidden oracle's code", "types.FunctionType(hidden.kv_token_case.__code__, {})")
     attempt("compile under a library's file name",
             "compile('x = 1', os.__file__, 'exec')")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-REFUSED = ["call a hidden oracle", "open a hidden oracle to itself",
+REFUSED = ["call a hidden oracle", "open a hidden oracle to itself", "build a hidden model",
+           "build a check's subclass of a library class",
            "copy a hidden oracle's code", "compile under a library's file name",
            "compile under the grader's file name", "make a code object", "read a grader file",
            "read a grader file through a link", "list the garbage collector's objects",

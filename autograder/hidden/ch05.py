@@ -130,13 +130,10 @@ class _Model:
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.size)
 
-    def _is(self, *names: str) -> bool:
-        return self.mistake in names
-
     # -- reserve ---------------------------------------------------------------------------
 
     def reserve(self, plan: dict) -> None:
-        if self._is("reserve_newest_first"):
+        if self.mistake == "reserve_newest_first":
             for r in reversed(self.running):
                 if self.gpu[r.id] % self.size == 0:
                     if self.free == 0:
@@ -149,16 +146,16 @@ class _Model:
         while i < len(self.running):
             r = self.running[i]
             if self.gpu[r.id] % self.size == 0 and self.free == 0:  # needs a block: none left
-                victim = self.running[0] if self._is("victim_oldest") else self.running[-1]
-                if victim is r and self._is("no_self_preempt"):
+                victim = self.running[0] if self.mistake == "victim_oldest" else self.running[-1]
+                if victim is r and self.mistake == "no_self_preempt":
                     return
                 self.preempt(victim, plan)
-                if self._is("victim_oldest"):
+                if self.mistake == "victim_oldest":
                     i = i if victim is r else i - 1  # running shifted left by one
                     continue
                 if victim is r:
                     return
-                if self._is("no_retry"):  # moves on, r without its slot
+                if self.mistake == "no_retry":  # moves on, r without its slot
                     i += 1
                 continue
             if self.gpu[r.id] % self.size == 0:
@@ -170,11 +167,11 @@ class _Model:
     def preempt(self, victim, plan: dict) -> None:
         if self.preemption == "swap":
             need = self.blocks(self.gpu[victim.id])
-            if self._is("swap_full_changes_state"):
+            if self.mistake == "swap_full_changes_state":
                 self._remove(victim, plan)
             if need > self.cpu_free:
                 raise SwapFull
-            if not self._is("swap_full_changes_state"):
+            if self.mistake != "swap_full_changes_state":
                 self._remove(victim, plan)
             self.cpu_free -= need
             self.cpu[victim.id] = self.gpu.pop(victim.id)
@@ -184,7 +181,7 @@ class _Model:
             return
         self._remove(victim, plan)
         self.free += self.blocks(self.gpu.pop(victim.id))
-        if self._is("recompute_to_back"):
+        if self.mistake == "recompute_to_back":
             self.waiting.append(victim)
         else:
             self.waiting.appendleft(victim)
@@ -192,22 +189,22 @@ class _Model:
     def _remove(self, victim, plan: dict) -> None:
         """The victim leaves running, into plan.preempted."""
         self.running.remove(victim)
-        if not self._is("preempt_unlisted"):
+        if self.mistake != "preempt_unlisted":
             plan["preempted"].append(victim.id)
 
     # -- swap in ---------------------------------------------------------------------------
 
     def swap_in(self, plan: dict) -> None:
-        mark = 0 if self._is("swap_in_no_watermark") else self.mark
+        mark = 0 if self.mistake == "swap_in_no_watermark" else self.mark
         queue = list(self.swapped)
-        if self._is("swap_in_newest_first"):
+        if self.mistake == "swap_in_newest_first":
             queue.reverse()
         for r in queue:
             if len(self.running) >= self.max_seqs:
                 return
             need = self.blocks(self.cpu[r.id])
             if need > self.free - mark:
-                if self._is("swap_in_overtakes"):
+                if self.mistake == "swap_in_overtakes":
                     continue
                 return
             self.swapped.remove(r)
@@ -216,35 +213,35 @@ class _Model:
             self.gpu[r.id] = self.cpu.pop(r.id)
             self.running.append(r)
             plan["in"].append(r.id)
-            if self._is("swap_in_decodes"):
+            if self.mistake == "swap_in_decodes":
                 plan["decode"].append(r.id)
 
     # -- admit -----------------------------------------------------------------------------
 
     def _full(self, plan: dict) -> bool:
-        count = len(plan["prefill"]) if self._is("seqs_prefill") else len(self.running)
-        return count > self.max_seqs if self._is("seqs_inclusive") else count >= self.max_seqs
+        count = len(plan["prefill"]) if self.mistake == "seqs_prefill" else len(self.running)
+        return count > self.max_seqs if self.mistake == "seqs_inclusive" else count >= self.max_seqs
 
     def _length(self, r) -> int:
         """The tokens admission counts, allocates and prefills for ``r``."""
-        return r.prompt_len if self._is("admit_prompt_len") else r.context_len
+        return r.prompt_len if self.mistake == "admit_prompt_len" else r.context_len
 
     def _stops(self, r, plan: dict, tokens: int) -> bool:
         """Whether ``r`` does not fit (blocks or token budget); the batch is checked apart."""
-        mark = 0 if self._is("no_watermark", "no_watermark_admit") else self.mark
+        mark = 0 if self.mistake in ("no_watermark", "no_watermark_admit") else self.mark
         if self.blocks(self._length(r)) > self.free - mark:
             return True
-        used = tokens + (0 if self._is("budget_no_decode") else len(plan["decode"]))
-        if self._is("no_budget"):
+        used = tokens + (0 if self.mistake == "budget_no_decode" else len(plan["decode"]))
+        if self.mistake == "no_budget":
             return False
-        if self._is("budget_strict"):
+        if self.mistake == "budget_strict":
             return used + self._length(r) >= self.max_tokens
         return used + self._length(r) > self.max_tokens
 
     def _never(self, r) -> bool:
-        if self._is("never_rejects"):
+        if self.mistake == "never_rejects":
             return False
-        mark = 0 if self._is("no_watermark", "no_watermark_reject") else self.mark
+        mark = 0 if self.mistake in ("no_watermark", "no_watermark_reject") else self.mark
         return self.blocks(r.prompt_len + r.output_len) > self.total - mark
 
     def admit(self, plan: dict) -> None:
@@ -252,9 +249,9 @@ class _Model:
         i = 0
         while i < len(self.waiting):
             r = self.waiting[i]
-            if self._is("rejects_late") and self._full(plan):
+            if self.mistake == "rejects_late" and self._full(plan):
                 return
-            if self._is("rejects_after_checks") and (self._full(plan)
+            if self.mistake == "rejects_after_checks" and (self._full(plan)
                                                      or self._stops(r, plan, tokens)):
                 return
             if self._never(r):
@@ -264,7 +261,7 @@ class _Model:
             if self._full(plan):
                 return
             if self._stops(r, plan, tokens):
-                if self._is("overtakes"):
+                if self.mistake == "overtakes":
                     i += 1
                     continue
                 return
