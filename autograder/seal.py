@@ -31,7 +31,9 @@ learner's code. ``seal()`` runs when the kernel starts, before the notebook's fi
   entry asks, as the check ends, whether a defence was tripped while it ran.
 
 The state (the grader's module namespaces, the trips) lives in the closure of the audit
-hook, which nothing reachable refers to; an audit hook cannot be removed. ``Sealed`` is a
+hook, which nothing reachable refers to; the hook reads copies of this module's names and of
+the builtins taken when it is installed, so rebinding them later changes nothing it decides;
+an audit hook cannot be removed. ``Sealed`` is a
 ``BaseException``, so that ``except Exception`` in the learner's code does not swallow it.
 
 What stays open is written down in CONTRIBUTING ("What a learner's code cannot reach").
@@ -40,14 +42,17 @@ What stays open is written down in CONTRIBUTING ("What a learner's code cannot r
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import io
 import marshal
 import os
 import sys
 import sysconfig
 import threading
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -246,7 +251,7 @@ FUNCTIONS, CODE = tr_later("the checks' own functions"), tr_later("the checks' o
 FRAME, FILES = tr_later("a frame of the checks"), tr_later("the grader's files")
 MEMORY = tr_later("this process's memory")
 SPOOFED = tr_later("code under the grader's or the library's name")
-_NEVER_TO_LEARNER = {  # event -> what the learner reached for
+_NEVER_TO_LEARNER = types.MappingProxyType({  # event -> what the learner reached for
     "sys._current_frames": THREADS,
     "gc.get_objects": OBJECTS,
     "gc.get_referrers": OBJECTS,
@@ -256,7 +261,7 @@ _NEVER_TO_LEARNER = {  # event -> what the learner reached for
     "code.__new__": CODE_MADE,  # refused when made directly
     "os.system": PROGRAM, "os.exec": PROGRAM, "os.posix_spawn": PROGRAM,
     "os.spawn": PROGRAM, "os.fork": PROCESS, "os.forkpty": PROCESS,
-}
+})
 # A program may be started only by Triton (compiling a kernel for a GPU: ptxas, a C
 # compiler, ldconfig), whoever launched the kernel.
 
@@ -268,7 +273,14 @@ def seal() -> None:
         return
     namespaces: set[int] = set()
     sys.meta_path.insert(0, _GatedFinder(namespaces))
-    sys.addaudithook(_hook(namespaces, _library_roots()))
+    # the hook and the functions it makes read this module's names and the builtins from a
+    # copy taken now: a learner's code that rebinds them later (``seal.LEARNER = ...``,
+    # ``builtins.any = ...``) changes nothing the hook decides
+    private = {**globals(), "__builtins__": dict(vars(builtins))}
+    for name in ("_owner_of", "_message"):
+        private[name] = types.FunctionType(globals()[name].__code__, private, name)
+    make = types.FunctionType(_hook.__code__, private, "_hook")
+    sys.addaudithook(make(namespaces, _library_roots()))
 
 
 def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tuple], None]:
@@ -277,7 +289,9 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
     getframe, get_ident, realpath, fspath = sys._getframe, threading.get_ident, \
         os.path.realpath, os.fspath
     owner_of, message, loads, sealed = _owner_of, _message, marshal.loads, Sealed
-    function = type(_owner_of)
+    cache_from_source, read, sep, path_like = importlib.util.cache_from_source, io.open, \
+        os.sep, os.PathLike
+    function = types.FunctionType
     triton = _triton_folder()
     harmless = _harmless_frame_users()
     busy: set[int] = set()
@@ -398,10 +412,10 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
             return
         elif event == "open":
             path = args[0]
-            if isinstance(path, str | bytes | os.PathLike):
+            if isinstance(path, str | bytes | path_like):
                 path = realpath(fspath(path))
                 path = path.decode() if isinstance(path, bytes) else path
-                if path.startswith(_AUTOGRADER) or path + os.sep == _AUTOGRADER:
+                if path.startswith(_AUTOGRADER) or path + sep == _AUTOGRADER:
                     refuse(FILES)
                 if path.startswith("/proc/") and path.endswith("/mem"):
                     refuse(MEMORY)
@@ -433,7 +447,7 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
         if not isinstance(source, str | bytes):
             return  # a syntax tree a library built: Triton's interpreter
         try:
-            with open(filename, "rb") as genuine:  # noqa: PTH123 (the hook's own read)
+            with read(filename, "rb") as genuine:
                 text = genuine.read()
         except OSError:
             text = None
@@ -451,8 +465,8 @@ def _hook(namespaces: set[int], library: tuple[str, ...]) -> Callable[[str, tupl
         if claimed is None or owner_of(claimed, library) == LEARNER:
             return
         try:
-            cached = importlib.util.cache_from_source(claimed)
-            with open(cached, "rb") as genuine:  # noqa: PTH123 (the hook's own read)
+            cached = cache_from_source(claimed)
+            with read(cached, "rb") as genuine:
                 if genuine.read()[16:] == bytes(data):
                     return
         except (OSError, ValueError, NotImplementedError):

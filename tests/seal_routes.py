@@ -1,6 +1,7 @@
 """Run as a script: seal this process as a grading kernel is sealed, then try each route from
 code compiled as a notebook cell's, and print what became of each attempt (JSON: route ->
-"refused", "allowed" or what happened). ``tests/test_seal.py`` reads it."""
+"refused", "allowed" or what happened). With ``--rebound``, a cell first rebinds the seal's
+names and a builtin its hook uses. ``tests/test_seal.py`` reads it."""
 
 from __future__ import annotations
 
@@ -83,6 +84,9 @@ def main() -> None:
                "hidden05": sys.modules["autograder.hidden.ch05"],
                "hidden11": sys.modules["autograder.hidden.ch11"]}
     cell(CELL, learner)
+    if "--rebound" in sys.argv:
+        cell("import builtins\nseal.LEARNER = seal.GRADER\nseal._owner_of = lambda *a: 'library'\n"
+             "seal._NEVER_TO_LEARNER = {}\nbuiltins.any = lambda *a: False", dict(learner))
     run = {}
 
     def attempt(route: str, source: str) -> None:

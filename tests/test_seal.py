@@ -27,10 +27,13 @@ ALLOWED = ["import a library module", "read its own frames outside a check",
            "call a hidden check"]
 
 
-@pytest.fixture(scope="module")
-def routes() -> dict[str, str]:
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("seal_routes.py"))],
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module", params=["as armed", "after a cell rebinds the seal's names"])
+def routes(request) -> dict[str, str]:
+    """Each route's outcome; the second time after a cell rebinds the seal's module names
+    and a builtin its hook uses (the hook reads its own copies)."""
+    extra = ["--rebound"] if request.param != "as armed" else []
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("seal_routes.py")),
+                           *extra], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
