@@ -305,26 +305,27 @@ def test_notebooks_graded_side_by_side_share_the_cores(jobs, user_setting, expec
 
 
 def _running(marker: str) -> bool:
+    """Whether a process holds a file whose name holds ``marker`` open."""
     for entry in Path("/proc").iterdir():
         try:
-            if marker.encode() in (entry / "cmdline").read_bytes():
+            if any(marker in os.readlink(fd) for fd in (entry / "fd").iterdir()):
                 return True
-        except OSError:  # not a process, or it ended while we looked
+        except OSError:  # not a process, not ours, or it ended while we looked
             continue
     return False
 
 
 def test_ctrl_c_ends_the_notebook_being_graded_and_keeps_what_was_graded(tmp_path):
-    """Two learners, one at a time: the first graded, the second's notebook still running (a
-    process it started waits ten minutes). Ctrl-C: the run ends at once, the running notebook
-    and what it started with it, and the CSV and JSON hold the first grade and say the
-    second was not graded."""
+    """Two learners, one at a time: the first graded, the second's notebook still running
+    (its kernel, holding a file open, waits ten minutes; a notebook may not start a program,
+    ``autograder.seal``). Ctrl-C: the run ends at once, the running notebook with it, and the
+    CSV and JSON hold the first grade and say the second was not graded."""
     import signal
     import time
 
     marker = f"kv-course-ctrl-c-{os.getpid()}"
-    waits = synthetic.broken(FIRST, "import subprocess, sys\nsubprocess.run([sys.executable, "
-                             f"'-c', 'import time; time.sleep(600)', '{marker}'])\n")
+    waits = synthetic.broken(FIRST, f"import time\nheld = open('{marker}', 'w')\n"
+                             "time.sleep(600)\n")
     for learner, notebook in (("a-first", synthetic.solved(FIRST)), ("b-waits", waits)):
         (tmp_path / "uploads" / learner).mkdir(parents=True)
         nbformat.write(notebook, tmp_path / "uploads" / learner / f"{FIRST.name}.ipynb")
@@ -351,7 +352,7 @@ def test_ctrl_c_ends_the_notebook_being_graded_and_keeps_what_was_graded(tmp_pat
     deadline = time.monotonic() + 30
     while _running(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _running(marker), "the notebook's process outlived the stopped run"
+    assert not _running(marker), "the notebook's kernel outlived the stopped run"
     rows = {r["student_id"]: r for r in csv_rows(tmp_path / "grades.csv") if r["file"]}
     assert rows["a-first"]["status"] == "graded"
     assert float(rows["a-first"]["score"]) == full_marks(FIRST)
