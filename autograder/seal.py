@@ -14,9 +14,10 @@ learner's code. ``seal()`` runs when the kernel starts, before the notebook's fi
   a code object, and unmarshalling one that claims such a file without being that file's
   own bytecode are refused.
 * **The grader's functions refuse the learner.** The checks' and hidden checks' modules are
-  compiled, when the kernel imports them, with a gate at the top of every function and
-  lambda: it reads a marked lambda's ``__code__``, which raises an audit event that no name
-  lookup stands between (a learner cannot patch it away). Called, however it was reached
+  compiled, when the kernel imports them, with a gate at the top of what their namespaces
+  reach (every function and lambda, every class's constructors, class and static methods): it
+  reads a nested function's ``__code__``, which raises an audit event that no name lookup
+  stands between (a learner cannot patch it away). Called, however it was reached
   (``sys.modules``, a computed import, a module's globals, an object a check handed over),
   by the learner's code, with only library code between, a grader function raises
   ``Sealed``. A check's entry (``autograder.private.visible``) may be called from a cell,
@@ -84,8 +85,8 @@ def _message(what: str) -> str:
 
 def opened(*objects: Any) -> Any:
     """Let the learner's code use ``objects`` until the running check ends: what a check
-    hands it to call by design (an engine whose decode the learner's ``serve`` drives, the
-    attention an engine step is given, a connector). A function is opened by its code, an
+    hands it to call by design and the gate would refuse (the attention a decode or engine
+    step is given). A function is opened by its code, an
     instance for its methods, a class for the methods it defines. Returns the first
     object."""
     (lambda __kv_gate__="kv-course gate": None).__code__  # noqa: B018 (the learner may not)

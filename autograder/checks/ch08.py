@@ -243,7 +243,6 @@ class Observing:
             return plan
 
         scheduler.add, scheduler.step = observed_add, observed_step
-        opened(self)  # the learner's serve drives the engine
 
     def note(self, call: str) -> None:
         if self.steps:

@@ -16,7 +16,6 @@ from typing import Any
 from autograder.checks._contract import TUPLE_OF_INTS, Promise, expect_cases
 from autograder.checks._helpers import describe_call, not_written
 from autograder.private import private, visible
-from autograder.seal import opened
 from course import connector_demo
 from course.chunked_scheduler import Chunk, ChunkedRequest, Schedule
 from course.connector_engine import ConnectorScheduler, connector_round, connector_schedule_step
@@ -302,7 +301,6 @@ def run_engine(admit: Callable, num_blocks: int, block_size: int, budget: int,
         connector = (asking_again(DecodeConnectorScheduler, late) if late else
                      DecodeConnectorScheduler)(block_size)
         worker = DryDecodeWorker(handoff, load_steps, block_bytes=1)
-    opened(connector)  # the learner's admission asks the connector it is given
     scheduler = ConnectorScheduler(num_blocks, block_size, budget, connector, max_num_seqs)
     pending = sorted(requests, key=lambda r: (r[3], r[0]))
     seen = []

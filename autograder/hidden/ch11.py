@@ -30,7 +30,6 @@ from autograder.checks.ch11 import (
 )
 from autograder.hidden._lending import one_bug_one_todo
 from autograder.private import thorough
-from autograder.seal import opened
 from course import connector_demo
 from course.block_manager import NoFreeBlocksError
 from course.chunked_scheduler import Chunk
@@ -318,7 +317,6 @@ def _faults_survived(fn: Callable) -> None:
 def _faults_served(fn: Callable) -> None:
     model = _MODEL.setdefault("tiny", TinyModel())
     name = "admit_with_connector"
-    opened(_OracleHalf)  # the connector the library builds for the learner's admission
     for label in ("failed loads", "preemption and failures"):
         row = connector_demo.offload_row(model, connector_demo.OFFLOAD_SCENARIOS[label],
                                          admit=fn, scheduler_half=_OracleHalf)
