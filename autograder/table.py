@@ -4,9 +4,8 @@
 ``"module"`` (the cell's functions are that module's) or ``"module:Class"`` (they are that
 class's methods). A solution cell not named here is written in the notebook alone (chapter
 3's first ``append_slot``, which a later TODO replaces). ``skeleton`` is the class a locked
-``skeleton`` cell gives: the library class less every method that holds an answer.
-``needs`` are the chapters whose answers the notebook runs (the learner edition refuses a
-chapter whose needs are not revealed).
+``skeleton`` cell gives: the library class less every method that holds an answer. Which
+chapters' answers a chapter runs is computed from the code (``autograder.builder.needs``).
 
 The modules and files of a chapter are named after its number: ``checks``, ``hidden``,
 ``mutants``, ``alternatives`` and ``tests`` of its ``Parts`` give their names; nothing else
@@ -23,7 +22,6 @@ class Parts:
     slug: str
     answers: dict[str, str]
     skeleton: str | None = None
-    needs: tuple[int, ...] = ()
 
     @property
     def number(self) -> int:
@@ -72,7 +70,7 @@ PARTS = {parts.slug: parts for parts in [
         "requests_fit_paged")),
     Parts("02_fragmentation_and_block_tables", _all(
         "course.block_tables", "blocks_needed", "locate", "slot_id", "slot_mapping",
-        "last_block_waste", "contiguous_utilisation", "paged_utilisation"), needs=(1,)),
+        "last_block_waste", "contiguous_utilisation", "paged_utilisation")),
     Parts("03_block_manager", _all(
         "course.block_manager:BlockManager", "allocate", "fork", "copy_on_write", "free"),
         skeleton="course.block_manager:BlockManager"),
@@ -81,7 +79,7 @@ PARTS = {parts.slug: parts for parts in [
         "append_slot", "free"), skeleton="course.prefix_cache:PrefixCachingBlockManager"),
     Parts("05_scheduling_and_continuous_batching", _all(
         "course.scheduler:Scheduler", "admit", "reserve_decode_slots", "preempt", "swap_in"),
-        skeleton="course.scheduler:Scheduler", needs=(3,)),
+        skeleton="course.scheduler:Scheduler"),
     Parts("06_paged_kv_in_pytorch", _all(
         "kernels.paged_attention_ref", "write_kv", "paged_decode_attention", "merge_partials",
         "blockwise_decode_attention", "decode_step")),
@@ -89,24 +87,23 @@ PARTS = {parts.slug: parts for parts in [
         "kernels.paged_attention_steps", "one_block_kernel", "block_loop_kernel",
         "gqa_kernel") | _all("kernels.paged_attention", "paged_attention_kernel",
                              "paged_attention") | _all(
-        "kernels.split_kv", "split_kv_kernel", "merge_splits_kernel"), needs=(6,)),
+        "kernels.split_kv", "split_kv_kernel", "merge_splits_kernel")),
     Parts("08_capstone_paged_serving", _all(
         "course.paged_engine", "build_decode_batch", "paged_decode_step", "serve", "abort",
-        "decode_surviving_faults"),
-        needs=(3, 5, 6, 7)),
+        "decode_surviving_faults")),
     Parts("09_chunked_prefill", _all("course.chunked_scheduler", "schedule_step") | _all(
         "kernels.varlen_attention_ref", "varlen_paged_attention") | _all(
         "kernels.varlen_attention", "varlen_attention_kernel") | _all(
-        "course.chunked_engine", "engine_step"), needs=(4, 6, 7)),
+        "course.chunked_engine", "engine_step")),
     Parts("10_hybrid_models", _all("course.hybrid_sizing", "request_bytes") | _all(
         "course.hybrid_cache", "free_skipped_blocks", "sliding_window_hit", "hybrid_hit") | _all(
         "course.hybrid_manager:HybridBlockManager", "allocate_slots") | _all(
         "kernels.sliding_window_attention", "sliding_window_kernel"),
-        skeleton="course.hybrid_manager:HybridBlockManager", needs=(4, 6, 9)),
+        skeleton="course.hybrid_manager:HybridBlockManager"),
     Parts("11_kv_beyond_one_gpu", _all(
         "course.offloading_connector:OffloadingConnectorScheduler", "get_num_new_matched_tokens",
         "build_connector_meta") | _all("course.connector_engine", "admit_with_connector"),
-        skeleton="course.offloading_connector:OffloadingConnectorScheduler", needs=(4, 6, 9)),
+        skeleton="course.offloading_connector:OffloadingConnectorScheduler"),
 ]}
 
 

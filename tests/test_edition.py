@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import io
+import json
 import re
 import subprocess
 import sys
@@ -20,11 +21,14 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import CHAPTERS, grade, nbgrader
+from known_copies import KNOWN, SHARED
 from subjects import alternatives
 
 import autograder.private as private
 from autograder.answers import BEGIN, END, chapter_answers, library_modules, module_file, span
+from autograder.builder.copies import revealed_too
 from autograder.builder.edition import build, recordings
+from autograder.builder.needs import needs, why
 from autograder.builder.render import load, subjects
 from autograder.builder.repository import setup_cell_of, url
 from autograder.table import PARTS
@@ -88,9 +92,96 @@ def test_an_edition_with_nothing_revealed_holds_no_answer(bare):
 
 
 def test_chapters_whose_notebooks_need_unrevealed_answers_are_left_out(bare):
-    assert sorted(bare.refused) == sorted(n for n, p in PARTS.items() if p.needs)
+    assert sorted(bare.refused) == sorted(n for n, p in PARTS.items() if needs(p.number))
     shipped = sorted(p.stem for p in (bare.root / "exercises").glob("*.ipynb"))
     assert shipped == sorted(c.name for c in bare.included)
+
+
+def test_a_chapters_needs_are_read_from_what_its_code_reaches():
+    """Chapter 10 runs chapter 9's engine, which runs chapter 7's kernel: a need two steps away
+    is found, and the chain says where; a chapter's needs hold their own needs."""
+    chain = why(10, 7)
+    assert chain[0][0].startswith(("autograder.checks.ch10", "course.", "kernels."))
+    assert chain[-1][0].startswith("kernels.") and 7 in needs(10)
+    for parts in PARTS.values():
+        for other in needs(parts.number):
+            assert set(needs(other)) <= set(needs(parts.number)), (parts.slug, other)
+    assert needs(1) == () and 1 in needs(2)
+
+
+def test_the_manual_lists_each_chapters_needs_as_computed():
+    manual = (Path(__file__).parents[1] / "docs" / "instructors.md").read_text(encoding="utf-8")
+    listed = dict(re.findall(r"chapter (\d+) needs ([\d, and]+?)[;.)]", manual))
+    computed = {str(p.number): p.number for p in PARTS.values() if needs(p.number)}
+    assert sorted(listed, key=int) == sorted(computed, key=int), listed
+    for number, text in listed.items():
+        assert tuple(map(int, re.findall(r"\d+", text))) == needs(int(number)), number
+
+
+REVEALS = sorted({tuple(sorted({p.number, *needs(p.number)} if with_needs else {p.number}))
+                  for p in PARTS.values() for with_needs in (False, True)})
+
+
+@pytest.mark.parametrize("revealed", REVEALS, ids=lambda r: "reveal-" + "-".join(map(str, r)))
+def test_an_edition_ships_of_unrevealed_answers_only_the_known_copies(revealed):
+    found = {(copy.answer, copy.place) for copy in revealed_too(revealed)}
+    assert found - KNOWN - SHARED == set()
+
+
+def test_an_edition_names_every_unrevealed_answer_it_ships(bare, published):
+    """Measured on what was built, the wheel's files too, and as predicted from the library."""
+    for edition in (bare, published):
+        assert any(copy.place.startswith("dist/") for copy in edition.leaks)
+        shipped = {(copy.answer, copy.place.rpartition(".whl:")[2]) for copy in edition.leaks}
+        assert shipped == {(copy.answer, copy.place)
+                           for copy in revealed_too(edition.revealed)}
+
+
+def _publish(version: str) -> int:
+    return int(version.partition(".post")[2])
+
+
+def test_an_edition_is_published_again_in_place_keeping_what_the_class_added(tmp_path):
+    root = tmp_path / "class"
+    first = build(root, {1}, wheel=False)
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    left = root / "exercises" / "05_scheduling_and_continuous_batching.ipynb"
+    left.write_text("left from before")
+    second = build(root, {1, 2, 3, 4}, wheel=False)
+    assert _publish(second.version) > _publish(first.version)
+    assert (root / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    record = json.loads((root / "course" / "edition.json").read_text())
+    assert record["revealed"] == [1, 2, 3, 4] and record["version"] == second.version
+    assert f'EDITION = "{second.version}"' in setup_cell_of(
+        root / "exercises" / "04_prefix_caching.ipynb")
+    assert "left from before" not in left.read_text()
+    assert f'version = "{second.version}"' in (root / "pyproject.toml").read_text()
+
+
+def test_an_edition_refuses_a_folder_that_holds_something_else(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="no edition"):
+        build(tmp_path, {1}, wheel=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_course_dir_refuses_a_chapter_whose_needs_the_classs_edition_does_not_reveal(
+        bare, tmp_path):
+    refused = grade("course-dir", tmp_path / "class", "--chapters", "1,3,10", "--edition",
+                    bare.root)
+    assert refused.returncode == 1, refused.stdout
+    assert "10_hybrid_models runs the answers of chapters 4, 6, 7 and 9, which edition " \
+        f"{bare.version} does not reveal" in refused.stderr, refused.stderr
+    assert not (tmp_path / "class" / "source").exists()
+    said = grade("course-dir", tmp_path / "open", "--chapters", "1,10")
+    assert said.returncode == 0, said.stderr
+    assert "10_hybrid_models runs the answers of chapters 4, 6, 7 and 9" in said.stdout
+    released = grade("course-dir", tmp_path / "class", "--chapters", "1,3", "--edition",
+                     bare.root)
+    assert released.returncode == 0, released.stderr
+    notebook = tmp_path / "class" / "source" / "03_block_manager" / "03_block_manager.ipynb"
+    assert f'EDITION = "{bare.version}"' in setup_cell_of(notebook)
 
 
 def _visible_messages(chapter) -> dict[tuple[str, str], str]:

@@ -34,6 +34,7 @@ from notebook_variants import without_hidden_tests
 from run_notebooks import errors
 
 from autograder.builder.edition import build
+from autograder.builder.repository import write_setup_cell
 from autograder.table import PARTS
 
 pytestmark = pytest.mark.pipeline
@@ -197,3 +198,46 @@ def test_an_edition_with_nothing_revealed_runs_its_exercises(wheel_env):
         assert _fails_only_where_a_learner_expects(notebook) == {}, chapter.name
         stopped = [e for e in errors(notebook).values() if e.startswith("NotReady:")]
         assert all("to see this" in e for e in stopped)
+
+
+def _installed_version(python: Path) -> str:
+    return subprocess.run([str(python), "-c", "import importlib.metadata as m; "
+                           "print(m.version('paged-kv-course'))"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_a_reveal_reaches_a_learner_who_installed_the_edition_before_it(wheel_env, tmp_path):
+    """The class's edition is published with chapter 1 revealed and installed; then published
+    again in the same folder with chapters 1-4: chapter 5's notebook of the new edition (whose
+    checks and chapter 3's answers the first one lacked) upgrades the course in its setup cell
+    and runs clean. Last in this file: it changes the environment, and puts it back."""
+    python, ran, *_ = wheel_env
+    before = _installed_version(python)
+    root, chapter = tmp_path / "class", CHAPTERS[4]
+    first = build(root, {1})
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(first.wheel)],
+                   check=True, capture_output=True, text=True)
+    assert _installed_version(python) == first.version
+    second = build(root, {1, 2, 3, 4})
+    assert chapter.name in [c.name for c in second.included]
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    shutil.copyfile(second.wheel, notebooks / second.wheel.name)
+    released = without_hidden_tests(chapter.source, notebooks / chapter.source.name)
+    write_setup_cell(released, released, "", edition=second.version)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "TRITON_INTERPRET", "NBGRADER_EXECUTION")}
+    try:
+        _run(python, [released], tmp_path / "ran", env)
+        notebook = nbformat.read(tmp_path / "ran" / released.name, as_version=4)
+        first_cell = next(c for c in notebook.cells if c.cell_type == "code")
+        printed = "".join(o.get("text", "") for o in first_cell.outputs)
+        assert f"Installing the course from {second.wheel.name}" in printed, printed
+        assert errors(notebook) == {}
+        assert _installed_version(python) == second.version
+    finally:  # the edition the other tests of this file ran with
+        edition_wheel = next(ran.parent.glob("class/dist/*.whl"))
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
+                        "--force-reinstall", str(edition_wheel)], check=True,
+                       capture_output=True, text=True)
+    assert _installed_version(python) == before

@@ -1,7 +1,7 @@
 """A class's nbgrader course directory: setting one up.
 
     python -m autograder course-dir DIR [--chapters 1-3,5] [--course-id ID] [--exchange PATH]
-                                        [--repository URL]
+                                        [--repository URL] [--edition EDITION_DIR]
 
 writes ``DIR/source/NN_slug/NN_slug.ipynb`` for each chapter (from the package's solutions,
 their setup cells installing from the class's repository, or with none only from a course
@@ -9,11 +9,15 @@ wheel released beside them: never from the open course's repository, which holds
 and ``DIR/nbgrader_config.py`` (``autograder.host.configuration``: the settings the grader grades
 with, so nbgrader's own ``autograde`` on this course runs a notebook as ``grade-all`` does, its
 kernel sandboxed, and its ``generate_feedback`` shows no hidden test's source and no
-traceback).
+traceback). A chapter runs the answers of the chapters it needs (``autograder.builder.needs``):
+with ``--edition`` (the class's), a chapter whose needs that edition does not reveal is refused,
+naming them, and the notebooks upgrade an edition older than it; without, each need is said.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from autograder.builder.repository import write_setup_cell
@@ -41,13 +45,53 @@ def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:
     return [by_number[n] for n in sorted(set(wanted))]
 
 
+@dataclass(frozen=True)
+class ClassEdition:
+    """What a class's learners have installed: an edition's revealed chapters and version."""
+
+    revealed: tuple[int, ...]
+    version: str
+
+    @classmethod
+    def read(cls, folder: Path) -> ClassEdition:
+        record = folder / "course" / "edition.json"
+        if not record.is_file():
+            raise ValueError(f"{folder} is not an edition (no course/edition.json): build one "
+                             "with `python -m autograder edition`")
+        data = json.loads(record.read_text())
+        return cls(tuple(data["revealed"]), data.get("version", ""))
+
+
+def unmet_needs(selected: list[Chapter], edition: ClassEdition | None) -> list[str]:
+    """A line for each chapter of ``selected`` that runs answers of other chapters: with
+    ``edition``, only those it does not reveal (a release to refuse); without, every need."""
+    from autograder.builder.edition import chapter_list
+    from autograder.builder.needs import needs
+
+    lines = []
+    for chapter in selected:
+        wanted = needs(int(chapter.number))
+        missing = [n for n in wanted if edition is None or n not in edition.revealed]
+        if not missing:
+            continue
+        if edition is None:
+            lines.append(f"{chapter.name} runs the answers of {chapter_list(missing)}: the "
+                         "class's edition must reveal them (edition --reveal)")
+        else:
+            lines.append(f"{chapter.name} runs the answers of {chapter_list(missing)}, which "
+                         f"edition {edition.version} does not reveal: publish the edition "
+                         f"again with them revealed, then release {chapter.name}")
+    return lines
+
+
 def write_course_dir(root: Path, selected: list[Chapter], course_id: str = configuration.COURSE_ID,
                      exchange: Path | None = None, sandbox: bool = True,
-                     repository: str = "") -> list[Path]:
+                     repository: str = "", edition: str = "") -> list[Path]:
     """Set up (or add chapters to) an nbgrader course directory; return what was written.
     Each new chapter's setup cell installs from ``repository`` (the class's; ``""``: only
-    from a course wheel beside the notebook). A chapter already in ``source/`` is left as the
-    class has it, and so is its ``nbgrader_config.py``."""
+    from a course wheel beside the notebook) and upgrades a class edition older than
+    ``edition``. A chapter already in ``source/`` is left as the class has it, and so is its
+    ``nbgrader_config.py``."""
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     written = []
@@ -57,6 +101,6 @@ def write_course_dir(root: Path, selected: list[Chapter], course_id: str = confi
     for chapter in selected:
         destination = root / "source" / chapter.name / f"{chapter.name}.ipynb"
         if not destination.exists():
-            write_setup_cell(chapter.source, destination, repository)
+            write_setup_cell(chapter.source, destination, repository, edition=edition)
             written.append(destination)
     return written

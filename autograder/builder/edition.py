@@ -18,8 +18,13 @@ wheel in DEST/dist:
     pyproject.toml, README.md  for ``pip install`` and for the learners; .gitignore
 
 There are no instructor notebooks in it. An instructor reveals chapters as deadlines pass
-(``--reveal 1-3``: those answers stay whole). A chapter whose notebook runs an answer of a
-chapter not revealed (``needs`` in ``autograder.table``) is left out, and named.
+(``--reveal 1-3``: those answers stay whole), publishing again into the same folder (the class's
+repository: what is not the edition's own, ``.git`` say, is kept). A chapter whose notebook
+runs an answer of a chapter not revealed (its needs, ``autograder.builder.needs``) is left out,
+and named. Each publish is a version of its own, ``<course version>.post<UTC time>``, later than
+any before it; the notebooks' setup cells carry it and upgrade an older edition they find.
+What the edition still ships of an unrevealed answer (``autograder.builder.copies``: code
+written twice in the library) is measured on what was built, and named.
 
 The open course's repository holds every answer, so an edition never names it: the
 notebooks' setup cells install from the class's repository (``--repository URL``), or, with
@@ -36,13 +41,16 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import nbformat
 import tomllib
 
 from autograder import kernel_side
-from autograder.answers import BEGIN, END, LIBRARY, chapter_answers, functions, module_file, span
+from autograder.answers import BEGIN, END, LIBRARY, functions, module_file, span
+from autograder.builder.copies import Copy, owners, unrevealed
+from autograder.builder.needs import needs
 from autograder.builder.render import load, subjects
 from autograder.builder.repository import PYPROJECT, url, write_setup_cell
 from autograder.builder.translation import TRANSLATED
@@ -64,11 +72,8 @@ class Edition:
     included: list[Chapter] = field(default_factory=list)
     refused: dict[str, list[int]] = field(default_factory=dict)  # chapter -> needs not revealed
     wheel: Path | None = None
-
-
-def owners() -> dict[tuple[str, str], int]:
-    """(module, qualname) of each answer in the library -> the chapter whose TODO it is."""
-    return {answer: int(slug[:2]) for slug in PARTS for answer in chapter_answers(slug)}
+    version: str = ""
+    leaks: list[Copy] = field(default_factory=list)  # unrevealed answers it still ships
 
 
 def stubbed(text: str, hide: dict[str, int]) -> str:
@@ -182,12 +187,13 @@ def _copy_checks(destination: Path, included: list[Chapter]) -> None:
     recordings(destination / "autograder" / "checks" / "recorded", included)
 
 
-def _exercises(destination: Path, included: list[Chapter], repository: str) -> None:
+def _exercises(destination: Path, included: list[Chapter], repository: str,
+               version: str) -> None:
     for language in ("", *TRANSLATED):  # English at the top, each translation in its folder
         for chapter in included:
             notebook = Path(language, f"{chapter.name}.ipynb")
             write_setup_cell(EXERCISES / notebook, destination / "exercises" / notebook,
-                             repository, language or None)
+                             repository, language or None, version)
 
 
 _PYPROJECT = """\
@@ -268,34 +274,65 @@ def class_repository(repository: str | None) -> str:
     return repository or ""
 
 
+# What an edition writes in its folder; everything else there (``.git``, say) is the class's.
+OWN = ("course", "kernels", "autograder", "exercises", "dist", "pyproject.toml", "README.md",
+       ".gitignore")
+
+
+def _prepare(destination: Path) -> int:
+    """Make ``destination`` ready for an edition: a new or empty folder, or an edition's, whose
+    own files go; return the publish number of the edition there (0 for none)."""
+    if not destination.exists() or not any(destination.iterdir()):
+        return 0
+    record = destination / "course" / "edition.json"
+    if not record.is_file():
+        raise FileExistsError(f"{destination} holds files and no edition (course/edition.json): "
+                              "choose a new folder, or the folder of the class's edition")
+    previous = json.loads(record.read_text()).get("version", "")
+    for name in OWN:
+        path = destination / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    return int(previous.partition(".post")[2] or 0)
+
+
+def publish_number(previous: int) -> int:
+    """The number of a new publish: the UTC time as YYYYMMDDhhmmss, past ``previous``."""
+    return max(int(datetime.now(timezone.utc).strftime("%Y%m%d%H%M%S")), previous + 1)
+
+
 def build(destination: Path, revealed: set[int], repository: str | None = None,
           wheel: bool = True) -> Edition:
-    """Build the learner edition in ``destination`` (which must not exist yet); its notebooks
-    install from ``repository`` (the class's), or with none only from the wheel beside them."""
+    """Build the learner edition in ``destination`` (a new or empty folder, or an earlier
+    edition's, which it updates); its notebooks install from ``repository`` (the class's), or
+    with none only from the wheel beside them."""
     destination = destination.resolve()
-    if destination.exists():
-        raise FileExistsError(f"{destination} exists: choose a new folder")
-    edition = Edition(destination, sorted(revealed), class_repository(repository))
+    repository = class_repository(repository)
+    previous = _prepare(destination)
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    version = f"{project['version']}.post{publish_number(previous)}"
+    edition = Edition(destination, sorted(revealed), repository, version=version)
     for chapter in chapters().values():
-        missing = [n for n in PARTS[chapter.name].needs if n not in revealed]
+        missing = [n for n in needs(int(chapter.number)) if n not in revealed]
         if missing:
             edition.refused[chapter.name] = missing
         else:
             edition.included.append(chapter)
     _copy_library(destination, revealed)
     (destination / "course" / "edition.json").write_text(json.dumps(
-        {"chapters": [c.name for c in edition.included], "revealed": edition.revealed},
-        indent=1) + "\n")
+        {"chapters": [c.name for c in edition.included], "revealed": edition.revealed,
+         "version": version}, indent=1) + "\n")
     _copy_checks(destination, edition.included)
-    _exercises(destination, edition.included, edition.repository)
-    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    _exercises(destination, edition.included, edition.repository, version)
     dependencies = "[\n" + "".join(f"    {json.dumps(d)},\n" for d in project["dependencies"]) + "]"
     urls = f'\n[project.urls]\nRepository = "{edition.repository}"\n' if edition.repository else ""
     (destination / "pyproject.toml").write_text(_PYPROJECT.format(
-        version=project["version"], dependencies=dependencies, urls=urls))
+        version=version, dependencies=dependencies, urls=urls))
     (destination / ".gitignore").write_text(_GITIGNORE)
     (destination / "README.md").write_text(_readme(
-        edition, f"paged_kv_course-{project['version']}-py3-none-any.whl"))
+        edition, f"paged_kv_course-{version}-py3-none-any.whl"))
     if wheel:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                         "--no-build-isolation", "--wheel-dir", str(destination / "dist"),
@@ -303,4 +340,5 @@ def build(destination: Path, revealed: set[int], repository: str | None = None,
         for byproduct in [destination / "build", *destination.glob("*.egg-info")]:
             shutil.rmtree(byproduct, ignore_errors=True)
         edition.wheel = next((destination / "dist").glob("paged_kv_course-*.whl"))
+    edition.leaks = unrevealed(destination, revealed)
     return edition

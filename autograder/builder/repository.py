@@ -33,21 +33,34 @@ SETUP_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
 
 _SETUP_CELL = '''\
 #@title Set up the course (run this cell first)
-# Where the course package is missing (a fresh Colab session), this cell installs
-# it: from $KV_COURSE_SOURCE if set, else a course wheel next to this notebook, else the
-# checkout this notebook sits in, else the repository named below (if one is). Then it picks
-# GPU mode or Triton's CPU interpreter and says which. Behind a PyPI mirror, name it before
-# running this cell (pip reads it), e.g.
+# Where the course package is missing (a fresh Colab session), or is a class edition older
+# than the one this notebook was released with, this cell installs it: from
+# $KV_COURSE_SOURCE if set, else a course wheel next to this notebook, else the checkout this
+# notebook sits in, else the repository named below (if one is). Then it picks GPU mode or
+# Triton's CPU interpreter and says which. Behind a PyPI mirror, name it before running this
+# cell (pip reads it), e.g.
 # %env PIP_INDEX_URL=https://mirrors.aliyun.com/pypi/simple/
 import glob
+import importlib.metadata
 import importlib.util
 import os
 import subprocess
 import sys
 
 REPOSITORY = "{url}"
+EDITION = "{edition}"
 
-if importlib.util.find_spec("course") is None:
+try:
+    installed = importlib.metadata.version("paged-kv-course")
+except importlib.metadata.PackageNotFoundError:
+    installed = ""
+stale = ".post" in EDITION and ".post" in installed and (
+    int(installed.partition(".post")[2]) < int(EDITION.partition(".post")[2]))
+if stale and "course" in sys.modules:
+    print(f"This notebook needs the course's edition {{EDITION}}; this kernel has {{installed}} "
+          "loaded: restart the kernel, then run this cell again.")
+    raise SystemExit(1)
+if stale or importlib.util.find_spec("course") is None:
     wheels = sorted(glob.glob("paged_kv_course-*.whl"))
     source = os.environ.get("KV_COURSE_SOURCE") or (wheels[-1] if wheels else None)
     if source is None and os.path.exists("../pyproject.toml"):
@@ -58,7 +71,7 @@ if importlib.util.find_spec("course") is None:
         print("The course is not installed: put the wheel you were given next to this notebook.")
         raise SystemExit(1)
     print(f"Installing the course from {{source}} ...")
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", source])
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--upgrade", source])
     importlib.invalidate_caches()
 
 import course  # noqa: E402  (only importable after the install above)
@@ -71,9 +84,10 @@ def url() -> str:
     return tomllib.loads(PYPROJECT.read_text())["project"]["urls"]["Repository"]
 
 
-def setup_cell(repository: str) -> str:
-    """The source of every notebook's first code cell; ``""`` for no repository."""
-    return _SETUP_CELL.format(url=repository)
+def setup_cell(repository: str, edition: str = "") -> str:
+    """The source of every notebook's first code cell; ``""`` for no repository, and for no
+    edition (the open course's notebooks, which any installed course runs)."""
+    return _SETUP_CELL.format(url=repository, edition=edition)
 
 
 def _first_code_cell(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -81,17 +95,21 @@ def _first_code_cell(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def write_setup_cell(source: Path, target: Path, repository: str,
-                     language: str | None = None) -> None:
+                     language: str | None = None, edition: str = "") -> None:
     """Write the notebook at ``source`` to ``target`` (making its folder), its first code cell
-    the setup cell, its plumbing folded away; in a translated notebook (``language``) only the
-    repository it installs from changes."""
+    the setup cell, installing from ``repository`` and upgrading a class edition older than
+    ``edition``, its plumbing folded away; in a translated notebook (``language``) only those
+    two lines change."""
     notebook = nbformat.read(source, as_version=4)
     first = _first_code_cell(notebook)
     if language is None:
-        first.source = setup_cell(repository)
+        first.source = setup_cell(repository, edition)
     else:
-        first.source = re.sub(r'(?m)^REPOSITORY = ".*"$', f'REPOSITORY = "{repository}"',
-                              first.source)
+        for name, value in (("REPOSITORY", repository), ("EDITION", edition)):
+            first.source, found = re.subn(rf'(?m)^{name} = ".*"$', f'{name} = "{value}"',
+                                          first.source)
+            if found != 1:
+                raise ValueError(f"{source}: its setup cell has no `{name} = ...` line")
     first.metadata.update(SETUP_METADATA)
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, target)

@@ -128,6 +128,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="the class's repository, which the released notebooks install the "
                        "course from (default: none: they install only a course wheel released "
                        "beside them; never the open course's, which holds every answer)")
+    setup.add_argument("--edition", type=Path, metavar="DIR",
+                       help="the class's edition (`python -m autograder edition DIR`): a chapter "
+                       "whose needs it does not reveal is refused, naming them; the notebooks "
+                       "upgrade an edition older than it")
 
     edition = commands.add_parser("edition", help="build the learner edition: the library "
                                   "with the answers of chapters not revealed left out, the "
@@ -468,10 +472,14 @@ def _edition(args: argparse.Namespace) -> int:
     for name, missing in edition.refused.items():
         print(f"left out: {name} (its notebook runs the answers of {chapter_list(missing)}, "
               "not revealed)")
+    for leak in edition.leaks:
+        print(f"warning: the edition still ships {leak} (written twice in the course)",
+              file=sys.stderr)
     held = [int(c.number) for c in edition.included]
-    print(f"wrote {edition.root} ({chapter_list(held) if held else 'no chapter'}; answers of "
-          f"{chapter_list(edition.revealed) if edition.revealed else 'none'} revealed) and "
-          f"{edition.wheel}")
+    holds = chapter_list(held) if held else "no chapter"
+    shown = chapter_list(edition.revealed) if edition.revealed else "none"
+    print(f"wrote {edition.root}, edition {edition.version} ({holds}; answers of {shown} "
+          f"revealed) and {edition.wheel}")
     print(_installs_from(edition.repository, f"the wheel beside them ({edition.wheel.name})"))
     return 0
 
@@ -556,17 +564,30 @@ def main(argv: list[str] | None = None) -> int:
         return _edition(args)
 
     if args.command == "course-dir":
-        from autograder.builder.classdir import parse_chapters, write_course_dir
+        from autograder.builder.classdir import (
+            ClassEdition,
+            parse_chapters,
+            unmet_needs,
+            write_course_dir,
+        )
         from autograder.builder.edition import class_repository
 
         try:
             selected = parse_chapters(args.chapters, chapters())
             repository = class_repository(args.repository)
-        except ValueError as exc:
+            edition = ClassEdition.read(args.edition) if args.edition else None
+        except (ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        unmet = unmet_needs(selected, edition)
+        for line in unmet:
+            print(f"{'error' if edition else 'note'}: {line}",
+                  file=sys.stderr if edition else sys.stdout)
+        if edition and unmet:
+            return 1
         for path in write_course_dir(args.directory, selected, args.course_id, args.exchange,
-                                     _sandboxed(args.sandbox), repository):
+                                     _sandboxed(args.sandbox), repository,
+                                     edition.version if edition else ""):
             print(f"wrote {path}")
         print(_installs_from(repository, "a course wheel in their folder (build one with "
                              "`python -m autograder edition` and put its wheel in each "
