@@ -201,9 +201,11 @@ def test_an_edition_with_nothing_revealed_runs_its_exercises(wheel_env):
 
 
 def _installed_version(python: Path) -> str:
+    """The course's version installed in ``python``'s environment (read outside the checkout,
+    whose own metadata would answer first)."""
     return subprocess.run([str(python), "-c", "import importlib.metadata as m; "
-                           "print(m.version('paged-kv-course'))"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+                           "print(m.version('paged-kv-course'))"], cwd=python.parents[2],
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_a_reveal_reaches_a_learner_who_installed_the_edition_before_it(wheel_env, tmp_path):
