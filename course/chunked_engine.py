@@ -4,9 +4,10 @@ token through one variable-length paged attention.
     requests --> ChunkedScheduler.step (schedule_step) --> Schedule: chunks
                  build_varlen_batch: the chunks' tokens packed, their positions, slots,
                                      query_start_loc, seq_lens, block tables
-                 engine_step: at every layer write the new K/V through the slot mapping,
-                              attend (varlen_paged_attention, or the Triton kernel),
-                              sample where a request's known tokens are all computed
+                 engine_step: at every layer engine.attend (vLLM's Attention layer: write the
+                              new K/V through the slot mapping, then varlen_paged_attention
+                              or the Triton kernel), sample where a request's known tokens
+                              are all computed
                  finish done requests (their blocks return to the pool, cached ones stay hits)
 
 Chapter 8's engine ran a prefill as contiguous attention over its own fresh K/V and only
@@ -148,6 +149,17 @@ class ChunkedEngine:
         if plan.chunks:
             self.model_step(self, plan)
 
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               batch: VarlenBatch) -> torch.Tensor:
+        """Layer ``layer``'s attention, as vLLM's ``Attention`` layer runs it: write the new
+        tokens' ``k`` and ``v`` at the batch's slots (chapter 6's ``write_kv``) before
+        attending, since each token attends to itself; then ``self.attention`` over the layer's
+        paged cache. A connector waits and saves around it (``course.connector_engine``)."""
+        k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
+        write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        return self.attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
+                              batch.block_tables, self.model.scale)
+
     def note(self, plan: Schedule) -> None:
         """Record the step's chunks by kind, and the prompt tokens a first admission skips."""
         kinds = []
@@ -165,20 +177,17 @@ class ChunkedEngine:
 
 
 def engine_step(engine: ChunkedEngine, plan: Schedule) -> None:
-    """Run the model on ``plan``'s chunks (``engine.build_batch(plan)``): at every layer write
-    the new tokens' K/V at the batch's slots, then attend with ``engine.attention``; every
-    request whose chunk ends at its last known token (``chunk.end ==
+    """Run the model on ``plan``'s chunks (``engine.build_batch(plan)``): at every layer the
+    tokens' q, k, v at their positions, then the layer's attention (``engine.attend(layer, q,
+    k, v, batch)``); every request whose chunk ends at its last known token (``chunk.end ==
     chunk.request.num_tokens``) emits the greedy token from its chunk's last row's logits."""
     ### BEGIN SOLUTION
-    model, pool = engine.model, engine.pool
+    model = engine.model
     batch = engine.build_batch(plan)
     x = model.embed(batch.input_ids)
     for layer in range(model.config.num_layers):
         q, k, v = model.qkv(layer, x, batch.positions)
-        write_kv(pool.k[layer], pool.v[layer], k, v, batch.slot_mapping)
-        out = engine.attention(q, pool.k[layer], pool.v[layer], batch.query_start_loc,
-                               batch.seq_lens, batch.block_tables, model.scale)
-        x = model.finish_layer(layer, x, out)
+        x = model.finish_layer(layer, x, engine.attend(layer, q, k, v, batch))
     last_rows = batch.query_start_loc[1:].long() - 1
     logits = model.logits(x[last_rows])
     for chunk, row in zip(plan.chunks, logits, strict=True):

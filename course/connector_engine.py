@@ -6,8 +6,9 @@ Each step::
                a request waiting for its load is skipped until the load is reported done;
                a new request gets its blocks and GPU hit, then asks the connector how many
                more tokens it can load; with some to load it waits (WAITING_FOR_REMOTE_KVS)
-    connector: build_connector_meta -> the worker: start_load_kv, per layer
-               wait_for_layer_load / attention / save_kv_layer, wait_for_save, get_finished
+    connector: build_connector_meta -> the worker: start_load_kv, per layer (in the
+               engine's attend, where vLLM's Attention layer has them) wait_for_layer_load /
+               attention / save_kv_layer, wait_for_save, get_finished
     output:    loads done let their requests in at the next step; a failed block sets its
                request's computed tokens back to the block's first token; a finished request
                whose connector still sends keeps its blocks until the send is reported
@@ -21,8 +22,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+import torch
+
 from course.block_manager import NoFreeBlocksError
-from course.chunked_engine import ChunkedEngine
+from course.chunked_engine import ChunkedEngine, VarlenBatch
 from course.chunked_scheduler import (
     Chunk,
     ChunkedRequest,
@@ -32,7 +35,6 @@ from course.chunked_scheduler import (
 )
 from course.kv_connector import KVConnectorOutput, KVConnectorScheduler, KVConnectorWorker
 from course.tiny_model import TinyModel
-from kernels.paged_attention_ref import write_kv
 
 
 class ConnectorScheduler(ChunkedScheduler):
@@ -176,8 +178,9 @@ def connector_schedule_step(scheduler: ConnectorScheduler,
 class ConnectorEngine(ChunkedEngine):
     """Chapter 9's engine with ``connector``, a (scheduler half, worker half) pair. The worker
     takes the engine's KV pool. ``schedule`` is chapter 9's scheduling step for the running
-    requests, ``admit`` its admission with the connector; ``step`` the model step
-    (``connector_engine_step``)."""
+    requests, ``admit`` its admission with the connector; ``step`` the model step (chapter 9's
+    ``engine_step``), whose every layer's attention waits for that layer's loads and saves
+    what it wrote (``attend``)."""
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
                  max_num_batched_tokens: int,
@@ -187,7 +190,7 @@ class ConnectorEngine(ChunkedEngine):
                  admit: Callable = admit_with_connector) -> None:
         super().__init__(model, num_blocks, block_size, max_num_batched_tokens, max_num_seqs,
                          attention, lambda s: connector_schedule_step(s, schedule, admit),
-                         step or connector_engine_step)
+                         step)
         self.connector, self.worker = connector
         self.scheduler = ConnectorScheduler(num_blocks, block_size, max_num_batched_tokens,
                                             self.connector, max_num_seqs)
@@ -196,6 +199,16 @@ class ConnectorEngine(ChunkedEngine):
     def execute(self, plan: Schedule) -> None:
         connector_round(self.scheduler, self.worker, plan,
                         lambda: self.model_step(self, plan) if plan.chunks else None)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               batch: VarlenBatch) -> torch.Tensor:
+        """As vLLM's ``Attention`` layer does with a connector: wait for the layer's loads
+        before its attention reads the pool, save its blocks once the attention has written
+        them."""
+        self.worker.wait_for_layer_load(layer)
+        out = super().attend(layer, q, k, v, batch)
+        self.worker.save_kv_layer(layer)
+        return out
 
 
 def connector_round(scheduler: ConnectorScheduler, worker: KVConnectorWorker, plan: Schedule,
@@ -214,24 +227,3 @@ def connector_round(scheduler: ConnectorScheduler, worker: KVConnectorWorker, pl
                                worker.build_connector_worker_meta())
     worker.clear_connector_metadata()
     scheduler.update_from_output(output)
-
-
-def connector_engine_step(engine: ConnectorEngine, plan: Schedule) -> None:
-    """Chapter 9's model step with the worker's layer hooks: wait for the layer's loads before
-    its attention reads the pool, save its blocks once the attention has written them."""
-    model, pool, worker = engine.model, engine.pool, engine.worker
-    batch = engine.build_batch(plan)
-    x = model.embed(batch.input_ids)
-    for layer in range(model.config.num_layers):
-        q, k, v = model.qkv(layer, x, batch.positions)
-        worker.wait_for_layer_load(layer)
-        write_kv(pool.k[layer], pool.v[layer], k, v, batch.slot_mapping)
-        out = engine.attention(q, pool.k[layer], pool.v[layer], batch.query_start_loc,
-                               batch.seq_lens, batch.block_tables, model.scale)
-        worker.save_kv_layer(layer)
-        x = model.finish_layer(layer, x, out)
-    last_rows = batch.query_start_loc[1:].long() - 1
-    logits = model.logits(x[last_rows])
-    for chunk, row in zip(plan.chunks, logits, strict=True):
-        if chunk.end == chunk.request.num_tokens:
-            chunk.request.emit(int(row.argmax()), row)

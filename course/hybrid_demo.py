@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from course.hybrid_engine import HybridEngine, HybridRequest, serve
+from course.chunked_scheduler import ChunkedRequest
+from course.hybrid_engine import HybridEngine, serve
 from course.hybrid_manager import HybridBlockManager
 from course.hybrid_models import HybridModel
 from course.hybrid_prefix import HybridPrefixCache
@@ -63,11 +64,11 @@ def learners_manager(manager_class: type[HybridBlockManager], allocate_slots: Ca
     return type(manager_class.__name__, (manager_class,), own)
 
 
-def shared_prefix_requests(seed: int, count: int, prefix: int = 12) -> list[HybridRequest]:
+def shared_prefix_requests(seed: int, count: int, prefix: int = 12) -> list[ChunkedRequest]:
     """``count`` requests; every other one starts with the same ``prefix`` tokens."""
     rng = random.Random(seed)
     shared = [rng.randrange(128) for _ in range(prefix)]
-    return [HybridRequest(i, (shared if i % 2 == 0 else []) +
+    return [ChunkedRequest(i, (shared if i % 2 == 0 else []) +
                           [rng.randrange(128) for _ in range(rng.randint(1, 10))],
                           rng.randint(1, 8)) for i in range(count)]
 
@@ -86,7 +87,7 @@ def equality_row(model: TinyModel, allocate_slots: Callable, hybrid_hit: Callabl
     served = serve(engine, shared_prefix_requests(seed=num_blocks, count=count))
     identical, largest = 0, 0.0
     for request in served:
-        tokens, logits = generate_contiguous(model, request.prompt, request.max_new_tokens)
+        tokens, logits = generate_contiguous(model, request.prompt, request.output_len)
         identical += request.output == tokens
         difference = (torch.stack(request.logits) - torch.stack(logits)).abs().max()
         largest = max(largest, float(difference))

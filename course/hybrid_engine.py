@@ -18,19 +18,23 @@ tokens (``HybridBlockManager.allocate_slots``, which first frees the blocks the 
 behind): as many of the tokens each knows as the step's token budget has left, a prompt's
 chunk or one decode. Where the pool runs short, the newest request is preempted (its blocks
 freed, its tokens computed again later; a request the whole pool cannot hold is refused with
-``ValueError``). The step's tokens run through the model packed, one variable-length batch
-(chapter 9's attention metadata, a block table per group); a sliding-window layer's queries
-see their windows alone, and no step reads a block its table has given back.
+``ValueError``). The step's chunks run through chapter 9's model step (``engine_step``): its
+requests and chunks are chapter 9's, its batch carries a block table and slot mapping per
+group (``HybridBatch``), and a layer's attention (``attend``) writes and reads its place's
+tensors through its group's, a sliding-window layer's queries seeing their windows alone, so
+no step reads a block its table has given back.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from course.chunked_engine import VarlenBatch, engine_step
+from course.chunked_scheduler import Chunk, ChunkedRequest, Schedule
 from course.hybrid_manager import HybridBlockManager
 from course.hybrid_prefix import HybridPrefixCache
 from course.tiny_model import TinyModel
@@ -54,37 +58,30 @@ def attend_in_pytorch(query, k_cache, v_cache, query_start_loc, seq_lens, block_
 
 
 @dataclass
-class HybridRequest:
-    id: int
-    prompt: list[int]
-    max_new_tokens: int
-    output: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
-    num_computed: int = 0  # tokens whose K/V are in the cache
+class HybridBatch(VarlenBatch):
+    """Chapter 9's batch with a slot mapping and block tables for each group; its own
+    ``slot_mapping`` and ``block_tables`` are the first group's."""
 
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
-
-    @property
-    def done(self) -> bool:
-        return len(self.output) >= self.max_new_tokens
+    group_slots: list[torch.Tensor]  # per group: [num_tokens] int64
+    group_tables: list[torch.Tensor]  # per group: [num_seqs, max_blocks] int32, padded with 0
 
 
 class HybridEngine:
     """Serves ``model`` (its ``config.windows`` name each layer's window) from a pool of
     ``num_blocks`` blocks of ``block_size`` tokens, at most ``max_num_batched_tokens`` tokens a
-    step; ``attend`` computes a layer's variable-length paged attention
+    step; ``attention`` computes a layer's variable-length paged attention
     (``attend_in_pytorch``, or Triton kernels with the same arguments). With
     ``prefix_caching``, a request starts from the longest prefix every group has cached
     (``HybridPrefixCache``), and its tokens there are not computed again. ``manager_class``
     replaces the manager's class (one built on ``HybridBlockManager``, or on
-    ``HybridPrefixCache`` with ``prefix_caching``: a learner's ``allocate_slots`` in it)."""
+    ``HybridPrefixCache`` with ``prefix_caching``: a learner's ``allocate_slots`` in it);
+    ``step`` the model step (chapter 9's ``engine_step``)."""
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
-                 attend: Attend = attend_in_pytorch, prefix_caching: bool = False,
+                 attention: Attend = attend_in_pytorch, prefix_caching: bool = False,
                  max_num_batched_tokens: int = 64,
-                 manager_class: type[HybridBlockManager] | None = None) -> None:
+                 manager_class: type[HybridBlockManager] | None = None,
+                 step: Callable = engine_step) -> None:
         c = model.config
         windows = [c.window(layer) for layer in range(c.num_layers)]
         kinds = list(dict.fromkeys(windows))  # each window once, in the order layers have it
@@ -93,7 +90,8 @@ class HybridEngine:
             raise ValueError(f"every group needs as many layers (windows {windows})")
         self.place = {layer: (group, index) for group, layers in enumerate(self.group_layers)
                       for index, layer in enumerate(layers)}
-        self.model, self.block_size, self.attend = model, block_size, attend
+        self.model, self.block_size, self.attention = model, block_size, attention
+        self.model_step = step
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefix_caching = prefix_caching
         manager = manager_class or (HybridPrefixCache if prefix_caching else HybridBlockManager)
@@ -103,94 +101,101 @@ class HybridEngine:
         # NaN until written: a read of a slot no step wrote poisons the output at once
         self.k = [torch.full(shape, float("nan"), device=device) for _ in self.group_layers[0]]
         self.v = [torch.full(shape, float("nan"), device=device) for _ in self.group_layers[0]]
-        self.waiting: deque[HybridRequest] = deque()
-        self.running: list[HybridRequest] = []
+        self.waiting: deque[ChunkedRequest] = deque()
+        self.running: list[ChunkedRequest] = []
         self.preemptions = 0
         self.hit_tokens = 0  # tokens prefix hits spared computing
 
-    def add(self, request: HybridRequest) -> None:
+    def add(self, request: ChunkedRequest) -> None:
         self.waiting.append(request)
 
-    def step(self) -> list[HybridRequest]:
+    def step(self) -> list[ChunkedRequest]:
         """The next tokens of the requests the budget and the pool have room for; returns the
         requests it finished."""
         self.running += self.waiting
         self.waiting.clear()
-        scheduled: list[tuple[HybridRequest, int]] = []  # (request, its new tokens)
+        plan = Schedule()
         budget = self.max_num_batched_tokens
         while self.running and budget:
             request = self.running.pop(0)
             if self.prefix_caching and request.id not in self.manager.tables:
                 # starting, or starting again after preemption: from its longest hit
-                request.num_computed = self.manager.allocate_prefix(request.id, request.tokens)
-                self.hit_tokens += request.num_computed
-            num_new = min(len(request.tokens) - request.num_computed, budget)
-            if self.manager.allocate_slots(request.id, request.num_computed, num_new):
-                scheduled.append((request, num_new))
+                request.num_computed_tokens = self.manager.allocate_prefix(request.id,
+                                                                           request.tokens)
+                self.hit_tokens += request.num_computed_tokens
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self.manager.allocate_slots(request.id, request.num_computed_tokens, num_new):
+                plan.chunks.append(Chunk(request, request.num_computed_tokens, num_new))
+                request.num_computed_tokens += num_new
                 budget -= num_new
                 continue
-            if not scheduled and not self.running:  # the pool is all its own, and too small
+            if not plan.chunks and not self.running:  # the pool is all its own, and too small
                 raise ValueError(f"request {request.id} needs more blocks than the pool holds "
-                                 f"for its first {request.num_computed + num_new} tokens")
+                                 f"for its first {request.num_computed_tokens + num_new} "
+                                 "tokens")
             self.running.insert(0, request)
             self._preempt(self.running.pop())  # the newest request
-        self.running = [r for r, _ in scheduled] + self.running  # the budget's leftovers last
-        if scheduled:
-            self._run(scheduled)
-        finished = [r for r, _ in scheduled if r.done]
+        scheduled = [chunk.request for chunk in plan.chunks]
+        self.running = scheduled + self.running  # the budget's leftovers last
+        if plan.chunks:
+            self.model_step(self, plan)
+        if self.prefix_caching:
+            for request in scheduled:
+                self.manager.cache_full_blocks(request.id, request.tokens,
+                                               request.num_computed_tokens)
+        finished = [request for request in scheduled if request.done]
         for request in finished:
             self.manager.free(request.id)
             self.running.remove(request)
         return finished
 
-    def _preempt(self, request: HybridRequest) -> None:
+    def _preempt(self, request: ChunkedRequest) -> None:
         """Free every block ``request`` holds; it computes its tokens again when it runs."""
         self.manager.free(request.id)
-        request.num_computed = 0
+        request.num_computed_tokens = 0
         self.waiting.appendleft(request)
         self.preemptions += 1
 
-    def _run(self, scheduled: list[tuple[HybridRequest, int]]) -> None:
-        model, size = self.model, self.block_size
-        device = model.embedding.device
-        positions = [p for r, n in scheduled for p in range(r.num_computed, r.num_computed + n)]
-        tokens = [r.tokens[p] for r, n in scheduled
-                  for p in range(r.num_computed, r.num_computed + n)]
-        ends = torch.tensor([n for _, n in scheduled]).cumsum(0)
-        query_start_loc = torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32)
-        seq_lens = torch.tensor([r.num_computed + n for r, n in scheduled], dtype=torch.int32)
+    def build_batch(self, plan: Schedule) -> HybridBatch:
+        """The step's batch, on the model's device: each chunk's tokens at their positions,
+        with every group's slots and block tables."""
+        size, device = self.block_size, self.model.embedding.device
+        spans = [range(chunk.start, chunk.end) for chunk in plan.chunks]
         tables, slots = [], []
         for group in range(len(self.group_layers)):
-            rows = [self.manager.tables[r.id][group] for r, _ in scheduled]
+            rows = [self.manager.tables[chunk.request.id][group] for chunk in plan.chunks]
             width = max(len(row) for row in rows)
             tables.append(torch.tensor([row + [0] * (width - len(row)) for row in rows],
                                        dtype=torch.int32, device=device))
             slots.append(torch.tensor([row[p // size] * size + p % size
-                                       for row, (r, n) in zip(rows, scheduled, strict=True)
-                                       for p in range(r.num_computed, r.num_computed + n)],
-                                      device=device))
-        query_start_loc, seq_lens = query_start_loc.to(device), seq_lens.to(device)
-        positions_t = torch.tensor(positions, device=device)
-        x = model.embed(torch.tensor(tokens, device=device))
-        for layer in range(model.config.num_layers):
-            group, place = self.place[layer]
-            q, k, v = model.qkv(layer, x, positions_t)
-            write_kv(self.k[place], self.v[place], k, v, slots[group])
-            out = self.attend(q, self.k[place], self.v[place], query_start_loc, seq_lens,
-                              tables[group], model.config.window(layer), model.scale)
-            x = model.finish_layer(layer, x, out)
-        logits = model.logits(x[ends - 1])  # each request's last token this step
-        for (request, num_new), row in zip(scheduled, logits, strict=True):
-            request.num_computed += num_new
-            if request.num_computed == len(request.tokens):  # all it knows computed: sample
-                request.output.append(int(row.argmax()))
-                request.logits.append(row)
-            if self.prefix_caching:
-                self.manager.cache_full_blocks(request.id, request.tokens, request.num_computed)
+                                       for row, span in zip(rows, spans, strict=True)
+                                       for p in span], dtype=torch.int64, device=device))
+        ends = torch.tensor([chunk.num_tokens for chunk in plan.chunks]).cumsum(0)
+        return HybridBatch(
+            torch.tensor([c.request.tokens[p] for c, span in zip(plan.chunks, spans,
+                                                                 strict=True) for p in span],
+                         dtype=torch.int64, device=device),
+            torch.tensor([p for span in spans for p in span], dtype=torch.int64, device=device),
+            slots[0],
+            torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32).to(device),
+            torch.tensor([chunk.end for chunk in plan.chunks], dtype=torch.int32,
+                         device=device),
+            tables[0], slots, tables)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               batch: HybridBatch) -> torch.Tensor:
+        """Layer ``layer``'s attention: its K/V written in its place's tensors at its group's
+        slots, then attention over its group's block tables, within its window if it has
+        one."""
+        group, place = self.place[layer]
+        write_kv(self.k[place], self.v[place], k, v, batch.group_slots[group])
+        return self.attention(q, self.k[place], self.v[place], batch.query_start_loc,
+                              batch.seq_lens, batch.group_tables[group],
+                              self.model.config.window(layer), self.model.scale)
 
 
-def serve(engine: HybridEngine, requests: list[HybridRequest], max_steps: int = 100_000
-          ) -> list[HybridRequest]:
+def serve(engine: HybridEngine, requests: list[ChunkedRequest], max_steps: int = 100_000
+          ) -> list[ChunkedRequest]:
     """Run ``engine`` until every request is done; the requests, in the order given."""
     for request in requests:
         engine.add(request)

@@ -5,12 +5,9 @@ copy that goes fails the tests as surely as a new one, so these lists are always
 
 from __future__ import annotations
 
-# Outside any answer region: chapter 11's model step adds the connector's layer hooks to
-# chapter 9's; chapter 10's windowed kernels and their reference repeat chapter 9's
-# variable-length path and chapter 6's decode attention.
+# Outside any answer region: chapter 10's windowed kernels and their reference repeat chapter
+# 9's variable-length path and chapter 6's decode attention.
 KNOWN = {
-    ("course.paged_engine.paged_decode_step", "course/connector_engine.py"),
-    ("course.chunked_engine.engine_step", "course/connector_engine.py"),
     ("kernels.paged_attention_ref.paged_decode_attention", "kernels/sliding_window_attention.py"),
     ("kernels.paged_attention.paged_attention_kernel", "kernels/sliding_window_varlen.py"),
     ("kernels.paged_attention_steps.gqa_kernel", "kernels/sliding_window_varlen.py"),
@@ -24,10 +21,10 @@ KNOWN = {
 # Inside another chapter's answer region: a later TODO that writes again what an earlier one
 # wrote (chapter 4's free is chapter 3's; chapters 9 and 10 write chapter 7's kernel again), so
 # that revealing either chapter shows the other's answer. An edition names each one it ships.
+
 SHARED = {
     ("course.block_manager.BlockManager.free", "course/prefix_cache.py"),
     ("course.prefix_cache.PrefixCachingBlockManager.free", "course/block_manager.py"),
-    ("course.paged_engine.paged_decode_step", "course/chunked_engine.py"),
     ("kernels.paged_attention_ref.paged_decode_attention", "kernels/varlen_attention_ref.py"),
     ("kernels.paged_attention.paged_attention_kernel", "kernels/sliding_window_attention.py"),
     ("kernels.paged_attention.paged_attention_kernel", "kernels/varlen_attention.py"),

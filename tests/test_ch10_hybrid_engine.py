@@ -13,8 +13,9 @@ from collections import Counter
 import pytest
 import torch
 
+from course.chunked_scheduler import ChunkedRequest
 from course.hybrid_cache import NULL_BLOCK, full_attention_hit
-from course.hybrid_engine import HybridEngine, HybridRequest, attend_in_pytorch, serve
+from course.hybrid_engine import HybridEngine, attend_in_pytorch, serve
 from course.hybrid_prefix import HybridPrefixCache
 from course.prefix_cache import prefix_keys
 from course.tiny_model import TinyConfig, TinyModel, generate_contiguous
@@ -22,17 +23,17 @@ from kernels.sliding_window_varlen import window_varlen_attention
 from kernels.varlen_attention import varlen_attention
 
 
-def _requests(seed: int, count: int) -> list[HybridRequest]:
+def _requests(seed: int, count: int) -> list[ChunkedRequest]:
     rng = random.Random(seed)
-    return [HybridRequest(i, [rng.randrange(128) for _ in range(rng.randint(1, 12))],
+    return [ChunkedRequest(i, [rng.randrange(128) for _ in range(rng.randint(1, 12))],
                           rng.randint(1, 10)) for i in range(count)]
 
 
-def _expected(model: TinyModel, requests: list[HybridRequest]):
-    return [generate_contiguous(model, r.prompt, r.max_new_tokens) for r in requests]
+def _expected(model: TinyModel, requests: list[ChunkedRequest]):
+    return [generate_contiguous(model, r.prompt, r.output_len) for r in requests]
 
 
-def _assert_same(model: TinyModel, served: list[HybridRequest]) -> None:
+def _assert_same(model: TinyModel, served: list[ChunkedRequest]) -> None:
     for request, (tokens, logits) in zip(served, _expected(model, served), strict=True):
         assert request.output == tokens, f"request {request.id} ({request.prompt})"
         torch.testing.assert_close(torch.stack(request.logits), torch.stack(logits),
@@ -78,7 +79,7 @@ def test_a_sliding_group_holds_no_more_blocks_than_its_window_and_a_step_span(bu
     full group holds every block."""
     model = TinyModel(TinyConfig(num_layers=2, windows=(4, None)), seed=6)
     engine = HybridEngine(model, num_blocks=64, block_size=2, max_num_batched_tokens=budget)
-    request = HybridRequest(0, list(range(20)), 10)
+    request = ChunkedRequest(0, list(range(20)), 10)
     engine.add(request)
     while not request.done:
         engine.step()
@@ -97,7 +98,7 @@ def test_the_comparison_catches_sliding_layers_that_see_every_token():
                                  block_tables, None, scale)
 
     model = TinyModel(TinyConfig(num_layers=4, windows=(3, None, 3, None)), seed=4)
-    engine = HybridEngine(model, num_blocks=64, block_size=4, attend=every_token)
+    engine = HybridEngine(model, num_blocks=64, block_size=4, attention=every_token)
     with pytest.raises(AssertionError):  # reads the null block, or differs where it cannot
         _assert_same(model, serve(engine, _requests(seed=64, count=5)))
 
@@ -105,7 +106,7 @@ def test_the_comparison_catches_sliding_layers_that_see_every_token():
 def test_a_request_the_whole_pool_cannot_hold_is_refused():
     model = TinyModel(TinyConfig(num_layers=2, windows=(3, None)), seed=1)
     engine = HybridEngine(model, num_blocks=6, block_size=2)  # 5 blocks: 10 tokens at most
-    engine.add(HybridRequest(0, list(range(9)), 4))
+    engine.add(ChunkedRequest(0, list(range(9)), 4))
     with pytest.raises(ValueError, match="more blocks than the pool holds"):
         for _ in range(20):
             engine.step()
@@ -127,7 +128,7 @@ def _in_triton(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
 
 def test_the_triton_kernels_serve_the_same_tokens():
     model = TinyModel(TinyConfig(num_layers=2, windows=(3, None)), seed=7)
-    engine = HybridEngine(model, num_blocks=10, block_size=4, attend=_in_triton)
+    engine = HybridEngine(model, num_blocks=10, block_size=4, attention=_in_triton)
     served = serve(engine, _requests(seed=2, count=3))
     _assert_same(model, served)
 
@@ -135,11 +136,11 @@ def test_the_triton_kernels_serve_the_same_tokens():
 # --- prefix hits across groups ---------------------------------------------------------------
 
 
-def _sharing_a_prefix(seed: int, count: int) -> list[HybridRequest]:
+def _sharing_a_prefix(seed: int, count: int) -> list[ChunkedRequest]:
     """Requests that begin with one system prompt, some with a few tokens of their own."""
     rng = random.Random(seed)
     system = [rng.randrange(128) for _ in range(rng.randint(6, 14))]
-    return [HybridRequest(i, system + [rng.randrange(128) for _ in range(rng.randint(0, 5))],
+    return [ChunkedRequest(i, system + [rng.randrange(128) for _ in range(rng.randint(0, 5))],
                           rng.randint(1, 8)) for i in range(count)]
 
 
@@ -206,8 +207,8 @@ def test_a_sliding_groups_evicted_blocks_shorten_the_hit(num_blocks):
     model = TinyModel(TinyConfig(num_layers=2, windows=(2, None)), seed=9)
     engine = HybridEngine(model, num_blocks, 2, prefix_caching=True, max_num_batched_tokens=1)
     prompt = list(range(40, 52))
-    first, other, again = (HybridRequest(0, prompt, 1), HybridRequest(1, list(range(60, 66)), 1),
-                           HybridRequest(2, [*prompt, 7], 2))
+    first, other, again = (ChunkedRequest(0, prompt, 1), ChunkedRequest(1, list(range(60, 66)), 1),
+                           ChunkedRequest(2, [*prompt, 7], 2))
     for request in (first, other):
         engine.add(request)
         while not request.done:

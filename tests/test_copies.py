@@ -7,13 +7,14 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from known_copies import KNOWN
+from known_copies import KNOWN, SHARED
 
 from autograder.answers import BEGIN, END, definition
 from autograder.builder.copies import (
     Copy,
     answer_lines,
     copies_in,
+    copies_in_answers,
     copies_in_library,
     normalised,
     split_regions,
@@ -31,6 +32,12 @@ def test_the_course_holds_no_copy_but_the_known_ones():
     found = {(copy.answer, copy.place) for copy in copies_in_library()}
     assert found - KNOWN == set(), "answers written again outside their regions"
     assert KNOWN - found == set(), "copies gone: take them out of KNOWN"
+
+
+def test_the_answers_write_no_other_chapters_answer_but_the_known_ones():
+    found = {(copy.answer, copy.place) for copy in copies_in_answers()}
+    assert found - SHARED == set(), "an answer region writes another chapter's answer again"
+    assert SHARED - found == set(), "copies gone: take them out of SHARED"
 
 
 def test_most_answers_are_long_enough_to_measure():

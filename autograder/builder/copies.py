@@ -195,3 +195,17 @@ def revealed_too(revealed: Iterable[int]) -> list[Copy]:
     skip = {answer for answer, chapter in owners().items() if chapter in shown}
     return [copy for place, text in library_as_shipped(shown)
             for copy in copies_in(place, text, skip, regions=True)]
+
+
+def copies_in_answers() -> list[Copy]:
+    """Every answer that another chapter's answer region writes again (in that region's file):
+    revealing the later chapter shows the earlier one's answer, and the other way round."""
+    from autograder.answers import definition
+
+    found = []
+    for (module, qualname), chapter in owners().items():
+        regions, _ = split_regions(definition(module, qualname))
+        same_chapter = [answer for answer, other in owners().items() if other == chapter]
+        place = str(module_file(module).relative_to(REPO))
+        found += copies_in(place, "\n".join(regions), same_chapter, regions=True)
+    return found

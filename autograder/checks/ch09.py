@@ -384,13 +384,11 @@ def check_varlen_attention_kernel(fn: Callable) -> None:
 # --- engine_step -----------------------------------------------------------------------------
 
 STEP_IDEA = ("At every layer: q, k, v = model.qkv(layer, x, batch.positions) (each token at "
-             "its true position in its request); write k, v at batch.slot_mapping "
-             "(chapter 6's write_kv) before attending, since each token attends to itself; "
-             "attend with engine.attention(q, pool.k[layer], pool.v[layer], "
-             "batch.query_start_loc, batch.seq_lens, batch.block_tables, model.scale); "
-             "finish the layer. Then the logits of each chunk's last row "
-             "(query_start_loc[r + 1] - 1), and an emitted token only where the chunk ends "
-             "at the request's last known token.")
+             "its true position in its request); the layer's attention, engine.attend(layer, "
+             "q, k, v, batch) with that layer's number, which writes k, v at the batch's "
+             "slots and attends over that layer's own paged cache; finish the layer. Then "
+             "the logits of each chunk's last row (query_start_loc[r + 1] - 1), and an "
+             "emitted token only where the chunk ends at the request's last known token.")
 SAMPLE_ONLY = ("A request emitted a token after a chunk that ends before its last known "
                "token: its tokens after the chunk (the rest of its prompt, or, recomputed "
                "after a preemption, the tokens it had generated) are not computed yet, so "
@@ -398,8 +396,9 @@ SAMPLE_ONLY = ("A request emitted a token after a chunk that ends before its las
                "chunk.request.num_tokens. ")
 SAMPLE_WHERE_DONE = ("A request whose chunk ends at its last known token emitted nothing: "
                      "that chunk's last row gives the next token. ")
-STEP_NAN = ("NaN: attention read a slot nothing wrote. At every layer write the new K/V "
-            "(write_kv at batch.slot_mapping) before attending. ")
+STEP_NAN = ("NaN: attention read a slot nothing wrote: each layer's attention writes its "
+            "own K/V before it reads them, so give engine.attend that layer's number and its "
+            "own q, k, v. ")
 LAST_ROW = ("Its logits are those of the chunk's first token: take each chunk's last row, "
             "batch.query_start_loc[1:] - 1. ")
 LOGITS_TOLERANCE = 1e-4

@@ -118,14 +118,8 @@ def engine_step(engine, plan):
     batch = engine.build_batch(plan)
     model = engine.model
     hidden = model.embed(batch.input_ids)
-    block_size = engine.pool.k[0].shape[1]
-    blocks, offsets = batch.slot_mapping // block_size, batch.slot_mapping % block_size
-    for layer, (k_cache, v_cache) in enumerate(zip(engine.pool.k, engine.pool.v, strict=True)):
-        q, k, v = model.qkv(layer, hidden, batch.positions)
-        k_cache[blocks, offsets] = k
-        v_cache[blocks, offsets] = v
-        attended = engine.attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
-                                    batch.block_tables, model.scale)
+    for layer in range(len(engine.pool.k)):
+        attended = engine.attend(layer, *model.qkv(layer, hidden, batch.positions), batch)
         hidden = model.finish_layer(layer, hidden, attended)
     ends = torch.cumsum(torch.tensor([c.num_tokens for c in plan.chunks]), 0) - 1
     finished = [i for i, c in enumerate(plan.chunks)

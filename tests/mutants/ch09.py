@@ -134,12 +134,11 @@ def _attention_with(seen, precision=torch.float32):
     return varlen_paged_attention
 
 
-def _engine_step_with(sample_every_chunk=False, write_first=True, positions_from_zero=False,
-                      first_row=False, sample_past_the_prompt=False):
-    from kernels.paged_attention_ref import write_kv
+def _engine_step_with(sample_every_chunk=False, one_layers_cache=False,
+                      positions_from_zero=False, first_row=False, sample_past_the_prompt=False):
 
     def engine_step(engine, plan):
-        model, pool = engine.model, engine.pool
+        model = engine.model
         batch = engine.build_batch(plan)
         positions = batch.positions
         if positions_from_zero:  # each chunk's tokens numbered 0, 1, ...
@@ -147,12 +146,7 @@ def _engine_step_with(sample_every_chunk=False, write_first=True, positions_from
         x = model.embed(batch.input_ids)
         for layer in range(model.config.num_layers):
             q, k, v = model.qkv(layer, x, positions)
-            if write_first:
-                write_kv(pool.k[layer], pool.v[layer], k, v, batch.slot_mapping)
-            out = engine.attention(q, pool.k[layer], pool.v[layer], batch.query_start_loc,
-                                   batch.seq_lens, batch.block_tables, model.scale)
-            if not write_first:
-                write_kv(pool.k[layer], pool.v[layer], k, v, batch.slot_mapping)
+            out = engine.attend(0 if one_layers_cache else layer, q, k, v, batch)
             x = model.finish_layer(layer, x, out)
         rows = batch.query_start_loc[:-1] if first_row else batch.query_start_loc[1:] - 1
         logits = model.logits(x[rows.long()])
@@ -220,8 +214,8 @@ MUTANTS = {
     "engine_step": [
         (_named(_engine_step_with(sample_every_chunk=True), "_samples_after_every_chunk"),
          "are not computed yet"),
-        (_named(_engine_step_with(write_first=False), "_attends_before_writing"),
-         "before attending"),
+        (_named(_engine_step_with(one_layers_cache=True), "_every_layer_in_layer_0s_cache"),
+         "that layer's number"),
         (_named(_engine_step_with(positions_from_zero=True), "_positions_from_the_chunk_start"),
          "true position"),
         (_named(_engine_step_with(first_row=True), "_logits_of_the_first_row"),
@@ -261,8 +255,8 @@ RULES = [
          ("stores_the_padded_rows",)),
     Rule("only where the chunk ends at the request's last known token", "engine_step",
          ("_samples_after_every_chunk", "_samples_once_past_the_prompt")),
-    Rule("before attending (each token attends to itself)", "engine_step",
-         ("_attends_before_writing",)),
+    Rule("engine.attend(layer, q, k, v, batch)", "engine_step",
+         ("_every_layer_in_layer_0s_cache",)),
     Rule("q, k, v = model.qkv(layer, x, batch.positions)", "engine_step",
          ("_positions_from_the_chunk_start",)),
     Rule("Then the logits of each chunk's last row", "engine_step",
