@@ -472,9 +472,11 @@ def _edition(args: argparse.Namespace) -> int:
     for name, missing in edition.refused.items():
         print(f"left out: {name} (its notebook runs the answers of {chapter_list(missing)}, "
               "not revealed)")
-    for leak in edition.leaks:
-        print(f"warning: the edition still ships {leak} (written twice in the course)",
-              file=sys.stderr)
+    for leak in {(leak.answer, leak.place.rpartition(".whl:")[2]): leak
+                 for leak in edition.leaks}.values():  # a file and its copy in the wheel: once
+        print(f"warning: the edition still ships chapter {leak.chapter}'s {leak.answer}: "
+              f"{leak.found} of its {leak.lines} lines, written again in "
+              f"{leak.place.rpartition('.whl:')[2]} (and its wheel)", file=sys.stderr)
     held = [int(c.number) for c in edition.included]
     holds = chapter_list(held) if held else "no chapter"
     shown = chapter_list(edition.revealed) if edition.revealed else "none"
