@@ -41,8 +41,8 @@ _SETUP_CELL = '''\
 # cell (pip reads it), e.g.
 # %env PIP_INDEX_URL=https://mirrors.aliyun.com/pypi/simple/
 import glob
-import importlib.metadata
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -50,17 +50,19 @@ import sys
 REPOSITORY = "{url}"
 EDITION = "{edition}"
 
-try:
-    installed = importlib.metadata.version("paged-kv-course")
-except importlib.metadata.PackageNotFoundError:
-    installed = ""
+found = importlib.util.find_spec("course")
+record = os.path.join(os.path.dirname(found.origin), "edition.json") if found else ""
+installed = ""  # the version of the class edition found, if the course found is one
+if os.path.exists(record):
+    with open(record) as file:
+        installed = json.load(file).get("version", "")
 stale = ".post" in EDITION and ".post" in installed and (
     int(installed.partition(".post")[2]) < int(EDITION.partition(".post")[2]))
 if stale and "course" in sys.modules:
     print(f"This notebook needs the course's edition {{EDITION}}; this kernel has {{installed}} "
           "loaded: restart the kernel, then run this cell again.")
     raise SystemExit(1)
-if stale or importlib.util.find_spec("course") is None:
+if stale or found is None:
     wheels = sorted(glob.glob("paged_kv_course-*.whl"))
     source = os.environ.get("KV_COURSE_SOURCE") or (wheels[-1] if wheels else None)
     if source is None and os.path.exists("../pyproject.toml"):
