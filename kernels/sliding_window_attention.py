@@ -126,24 +126,16 @@ def sliding_window_reference(query: torch.Tensor, k_cache: torch.Tensor,
                              v_cache: torch.Tensor, block_tables: torch.Tensor,
                              seq_lens: torch.Tensor, window: int, scale: float
                              ) -> torch.Tensor:
-    """The same in PyTorch: each sequence's window of keys and values gathered from its
-    blocks (from the window's first block on), fp32 arithmetic."""
+    """The same in PyTorch: each sequence's decode is a variable-length batch's query of one
+    token (``kernels.sliding_window_varlen``'s reference); a sequence of length 0 gets zeros."""
+    from kernels.sliding_window_varlen import window_varlen_reference
+
     check_window(window)
-    num_seqs, num_q_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    group = num_q_heads // num_kv_heads
     out = torch.zeros_like(query)
-    for seq in range(num_seqs):
-        length = int(seq_lens[seq])
-        if length == 0:
-            continue
-        first = max(0, length - window)
-        table = block_tables[seq, first // block_size: -(-length // block_size)].long()
-        start = first - first // block_size * block_size
-        keys = k_cache[table].reshape(-1, num_kv_heads, head_dim)
-        values = v_cache[table].reshape(-1, num_kv_heads, head_dim)
-        keys = keys[start: start + length - first].float().repeat_interleave(group, dim=1)
-        values = values[start: start + length - first].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,thd->ht", query[seq].float(), keys) * scale
-        out[seq] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values).to(query.dtype)
+    live = (seq_lens > 0).nonzero().flatten().to(query.device)
+    if len(live):
+        one_each = torch.arange(len(live) + 1, dtype=torch.int32, device=query.device)
+        out[live] = window_varlen_reference(query[live], k_cache, v_cache, one_each,
+                                            seq_lens.to(query.device)[live],
+                                            block_tables.to(query.device)[live], window, scale)
     return out
