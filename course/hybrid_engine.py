@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-from course.chunked_engine import VarlenBatch, engine_step
+from course.chunked_engine import VarlenBatch, build_varlen_batch, engine_step
 from course.chunked_scheduler import Chunk, ChunkedRequest, Schedule
 from course.hybrid_manager import HybridBlockManager
 from course.hybrid_prefix import HybridPrefixCache
@@ -64,6 +64,21 @@ class HybridBatch(VarlenBatch):
 
     group_slots: list[torch.Tensor]  # per group: [num_tokens] int64
     group_tables: list[torch.Tensor]  # per group: [num_seqs, max_blocks] int32, padded with 0
+
+
+@dataclass
+class _GroupTables:
+    """One group's block tables, read as chapter 9's batch builder reads a manager's."""
+
+    manager: HybridBlockManager
+    group: int
+
+    @property
+    def block_size(self) -> int:
+        return self.manager.block_size
+
+    def block_table(self, request: int) -> list[int]:
+        return self.manager.tables[request][self.group]
 
 
 class HybridEngine:
@@ -157,30 +172,15 @@ class HybridEngine:
         self.preemptions += 1
 
     def build_batch(self, plan: Schedule) -> HybridBatch:
-        """The step's batch, on the model's device: each chunk's tokens at their positions,
-        with every group's slots and block tables."""
-        size, device = self.block_size, self.model.embedding.device
-        spans = [range(chunk.start, chunk.end) for chunk in plan.chunks]
-        tables, slots = [], []
-        for group in range(len(self.group_layers)):
-            rows = [self.manager.tables[chunk.request.id][group] for chunk in plan.chunks]
-            width = max(len(row) for row in rows)
-            tables.append(torch.tensor([row + [0] * (width - len(row)) for row in rows],
-                                       dtype=torch.int32, device=device))
-            slots.append(torch.tensor([row[p // size] * size + p % size
-                                       for row, span in zip(rows, spans, strict=True)
-                                       for p in span], dtype=torch.int64, device=device))
-        ends = torch.tensor([chunk.num_tokens for chunk in plan.chunks]).cumsum(0)
-        return HybridBatch(
-            torch.tensor([c.request.tokens[p] for c, span in zip(plan.chunks, spans,
-                                                                 strict=True) for p in span],
-                         dtype=torch.int64, device=device),
-            torch.tensor([p for span in spans for p in span], dtype=torch.int64, device=device),
-            slots[0],
-            torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32).to(device),
-            torch.tensor([chunk.end for chunk in plan.chunks], dtype=torch.int32,
-                         device=device),
-            tables[0], slots, tables)
+        """The step's batch, on the model's device: chapter 9's, built once per group (its
+        slots and block tables from that group's tables)."""
+        per_group = [build_varlen_batch(_GroupTables(self.manager, group), plan.chunks)
+                     for group in range(len(self.group_layers))]
+        device = self.model.embedding.device
+        first = per_group[0].to(device)
+        return HybridBatch(*(getattr(first, f.name) for f in fields(VarlenBatch)),
+                           [batch.slot_mapping.to(device) for batch in per_group],
+                           [batch.block_tables.to(device) for batch in per_group])
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                batch: HybridBatch) -> torch.Tensor:

@@ -16,13 +16,15 @@ naming them, and the notebooks upgrade an edition older than it; without, each n
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autograder.builder.repository import write_setup_cell
 from autograder.host import configuration
 from autograder.host.chapters import Chapter
+
+if TYPE_CHECKING:  # the edition's module is the build's heaviest: imported where it runs
+    from autograder.builder.edition import ClassEdition
 
 
 def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:
@@ -43,23 +45,6 @@ def parse_chapters(spec: str, known: dict[str, Chapter]) -> list[Chapter]:
         raise ValueError(f"no chapter {', '.join(map(str, missing))} (there are "
                          f"{min(by_number)}-{max(by_number)})")
     return [by_number[n] for n in sorted(set(wanted))]
-
-
-@dataclass(frozen=True)
-class ClassEdition:
-    """What a class's learners have installed: an edition's revealed chapters and version."""
-
-    revealed: tuple[int, ...]
-    version: str
-
-    @classmethod
-    def read(cls, folder: Path) -> ClassEdition:
-        record = folder / "course" / "edition.json"
-        if not record.is_file():
-            raise ValueError(f"{folder} is not an edition (no course/edition.json): build one "
-                             "with `python -m autograder edition`")
-        data = json.loads(record.read_text())
-        return cls(tuple(data["revealed"]), data.get("version", ""))
 
 
 def unmet_needs(selected: list[Chapter], edition: ClassEdition | None) -> list[str]:

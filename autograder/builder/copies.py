@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from autograder.answers import BEGIN, END, library_modules, module_file
+from autograder.answers import (
+    BEGIN,
+    END,
+    chapter_answers,
+    definition,
+    library_modules,
+    module_file,
+)
 from autograder.host.chapters import REPO
 from autograder.table import PARTS
 
@@ -88,16 +95,12 @@ def split_regions(code: str) -> tuple[list[str], str]:
 @cache
 def owners() -> dict[tuple[str, str], int]:
     """(module, qualname) of each answer in the library -> the chapter whose TODO it is."""
-    from autograder.answers import chapter_answers
-
     return {answer: int(slug[:2]) for slug in PARTS for answer in chapter_answers(slug)}
 
 
 @cache
 def answer_lines() -> dict[tuple[str, str], tuple[str, ...]]:
     """(module, qualname) -> the answer's lines, for every answer with enough to measure."""
-    from autograder.answers import definition
-
     found = {}
     for module, qualname in owners():
         regions, _ = split_regions(definition(module, qualname))
@@ -166,11 +169,13 @@ def edition_texts(root: Path) -> Iterator[tuple[str, str]]:
             yield place, path.read_bytes().decode("utf-8", "replace")
 
 
+def _answers_of(chapters: set[int]) -> set[tuple[str, str]]:
+    return {answer for answer, chapter in owners().items() if chapter in chapters}
+
+
 def unrevealed(root: Path, revealed: Iterable[int]) -> list[Copy]:
     """The answers of chapters not in ``revealed`` that the edition at ``root`` ships."""
-    shown = set(revealed)
-    hidden = [answer for answer, chapter in owners().items() if chapter not in shown]
-    skip = set(owners()) - set(hidden)
+    skip = _answers_of(set(revealed))
     return [copy for place, text in edition_texts(root)
             for copy in copies_in(place, text, skip, regions=True)]
 
@@ -192,20 +197,16 @@ def revealed_too(revealed: Iterable[int]) -> list[Copy]:
     """The answers of chapters not in ``revealed`` that the revealed answers show: what an
     edition revealing ``revealed`` would ship of them, found without building it."""
     shown = set(revealed)
-    skip = {answer for answer, chapter in owners().items() if chapter in shown}
     return [copy for place, text in library_as_shipped(shown)
-            for copy in copies_in(place, text, skip, regions=True)]
+            for copy in copies_in(place, text, _answers_of(shown), regions=True)]
 
 
 def copies_in_answers() -> list[Copy]:
     """Every answer that another chapter's answer region writes again (in that region's file):
     revealing the later chapter shows the earlier one's answer, and the other way round."""
-    from autograder.answers import definition
-
     found = []
     for (module, qualname), chapter in owners().items():
         regions, _ = split_regions(definition(module, qualname))
-        same_chapter = [answer for answer, other in owners().items() if other == chapter]
         place = str(module_file(module).relative_to(REPO))
-        found += copies_in(place, "\n".join(regions), same_chapter, regions=True)
+        found += copies_in(place, "\n".join(regions), _answers_of({chapter}), regions=True)
     return found

@@ -76,6 +76,23 @@ class Edition:
     leaks: list[Copy] = field(default_factory=list)  # unrevealed answers it still ships
 
 
+@dataclass(frozen=True)
+class ClassEdition:
+    """What a class's learners have installed: an edition's revealed chapters and version."""
+
+    revealed: tuple[int, ...]
+    version: str
+
+    @classmethod
+    def read(cls, folder: Path) -> ClassEdition:
+        record = folder / "course" / "edition.json"
+        if not record.is_file():
+            raise ValueError(f"{folder} is not an edition (no course/edition.json): build one "
+                             "with `python -m autograder edition`")
+        data = json.loads(record.read_text())
+        return cls(tuple(data["revealed"]), data.get("version", ""))
+
+
 def stubbed(text: str, hide: dict[str, int]) -> str:
     """``text`` of a module with every answer region of the qualnames in ``hide`` (mapped to
     their chapter) replaced by a stub at the region's indentation."""
@@ -284,11 +301,12 @@ def _prepare(destination: Path) -> int:
     own files go; return the publish number of the edition there (0 for none)."""
     if not destination.exists() or not any(destination.iterdir()):
         return 0
-    record = destination / "course" / "edition.json"
-    if not record.is_file():
+    try:
+        previous = ClassEdition.read(destination).version
+    except ValueError:
         raise FileExistsError(f"{destination} holds files and no edition (course/edition.json): "
-                              "choose a new folder, or the folder of the class's edition")
-    previous = json.loads(record.read_text()).get("version", "")
+                              "choose a new folder, or the folder of the class's edition"
+                              ) from None
     for name in OWN:
         path = destination / name
         if path.is_dir():

@@ -179,20 +179,28 @@ def graph(module: str) -> dict[str, set[Name]]:
             for name, nodes in definitions.items()}
 
 
-def reached(roots: set[Name]) -> set[Name]:
-    """Every name the ``roots`` lead to."""
-    seen: set[Name] = set()
-    todo = list(roots)
-    while todo:
-        module, name = todo.pop()
-        if (module, name) in seen:
-            continue
-        seen.add((module, name))
-        edges = graph(module).get(name)
-        if edges is None and _is_module(f"{module}.{name}"):
-            edges = {(f"{module}.{name}", MODULE)}
-        todo += edges or ()
-    return seen
+def _edges(name: Name) -> set[Name]:
+    module, top = name
+    edges = graph(module).get(top)
+    if edges is None and _is_module(f"{module}.{top}"):  # a submodule, reached as a name
+        return {(f"{module}.{top}", MODULE)}
+    return edges or set()
+
+
+def walk(roots: set[Name]) -> dict[Name, Name | None]:
+    """Every name the ``roots`` lead to, breadth first, each with the name it was reached
+    from (``None`` for a root)."""
+    parent: dict[Name, Name | None] = dict.fromkeys(roots)
+    frontier = list(roots)
+    while frontier:
+        following = []
+        for name in frontier:
+            for edge in _edges(name):
+                if edge not in parent:
+                    parent[edge] = name
+                    following.append(edge)
+        frontier = following
+    return parent
 
 
 def notebook_roots(path: Path) -> set[Name]:
@@ -223,15 +231,19 @@ def _answer_names() -> dict[Name, set[int]]:
     return found
 
 
+def _roots(number: int) -> set[Name]:
+    """The names chapter ``number``'s exercise notebook uses, and every name of its visible
+    checks."""
+    parts = next(p for p in PARTS.values() if p.number == number)
+    roots = notebook_roots(EXERCISES / chapters()[parts.slug].source.name)
+    return roots | {(parts.checks, name) for name in graph(parts.checks)}
+
+
 @cache
 def direct_needs(number: int) -> frozenset[int]:
     """The chapters whose answers chapter ``number``'s notebook and visible checks reach."""
-    parts = next(p for p in PARTS.values() if p.number == number)
-    chapter = chapters()[parts.slug]
-    roots = notebook_roots(EXERCISES / chapter.source.name)
-    roots |= {(parts.checks, name) for name in graph(parts.checks)}
     answers = _answer_names()
-    found = {c for name in reached(roots) for c in answers.get(name, ())}
+    found = {c for name in walk(_roots(number)) for c in answers.get(name, ())}
     return frozenset(found - {number})
 
 
@@ -248,34 +260,14 @@ def needs(number: int) -> tuple[int, ...]:
     return tuple(sorted(found - {number}))
 
 
-def all_needs() -> dict[str, tuple[int, ...]]:
-    """Each chapter's slug -> its needs."""
-    return {slug: needs(parts.number) for slug, parts in PARTS.items()}
-
-
 def why(number: int, other: int) -> list[Name]:
     """A shortest chain of names from chapter ``number``'s roots to one of ``other``'s
     answers: what to read when a need is a surprise."""
-    parts = next(p for p in PARTS.values() if p.number == number)
-    roots = notebook_roots(EXERCISES / chapters()[parts.slug].source.name)
-    roots |= {(parts.checks, name) for name in graph(parts.checks)}
-    targets = {name for name, owners_ in _answer_names().items() if other in owners_}
-    parent: dict[Name, Name | None] = dict.fromkeys(roots)
-    frontier = list(roots)
-    while frontier:
-        following = []
-        for name in frontier:
-            if name in targets:
-                chain = [name]
-                while parent[chain[-1]] is not None:
-                    chain.append(parent[chain[-1]])
-                return chain[::-1]
-            edges = graph(name[0]).get(name[1])
-            if edges is None and _is_module(f"{name[0]}.{name[1]}"):
-                edges = {(f"{name[0]}.{name[1]}", MODULE)}
-            for edge in edges or ():
-                if edge not in parent:
-                    parent[edge] = name
-                    following.append(edge)
-        frontier = following
-    return []
+    parent = walk(_roots(number))
+    answers = _answer_names()
+    target = next((name for name in parent if other in answers.get(name, ())), None)
+    chain = []
+    while target is not None:
+        chain.append(target)
+        target = parent[target]
+    return chain[::-1]

@@ -566,13 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         return _edition(args)
 
     if args.command == "course-dir":
-        from autograder.builder.classdir import (
-            ClassEdition,
-            parse_chapters,
-            unmet_needs,
-            write_course_dir,
-        )
-        from autograder.builder.edition import class_repository
+        from autograder.builder.classdir import parse_chapters, unmet_needs, write_course_dir
+        from autograder.builder.edition import ClassEdition, class_repository
 
         try:
             selected = parse_chapters(args.chapters, chapters())
