@@ -39,7 +39,8 @@ from course.hybrid_manager import HybridBlockManager
 from course.hybrid_prefix import HybridPrefixCache
 from course.tiny_model import TinyModel
 from kernels.paged_attention_ref import write_kv
-from kernels.sliding_window_varlen import window_varlen_reference
+from kernels.sliding_window_attention import window_attention, window_attention_reference
+from kernels.varlen_attention import varlen_attention
 from kernels.varlen_attention_ref import varlen_paged_attention
 
 # (query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, window or None, scale)
@@ -49,12 +50,23 @@ Attend = Callable[..., torch.Tensor]
 def attend_in_pytorch(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, window,
                       scale):
     """Variable-length paged attention: chapter 9's over every earlier token, or over the
-    window alone."""
+    window alone (chapter 10's reference, through chapter 9's)."""
     if window is None:
         return varlen_paged_attention(query, k_cache, v_cache, query_start_loc, seq_lens,
                                       block_tables, scale)
-    return window_varlen_reference(query, k_cache, v_cache, query_start_loc, seq_lens,
-                                   block_tables, window, scale)
+    return window_attention_reference(query, k_cache, v_cache, query_start_loc, seq_lens,
+                                      block_tables, window, scale)
+
+
+def attend_in_triton(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, window,
+                     scale):
+    """The same through chapter 9's one Triton kernel: its first key 0, or the window's
+    (``window_first_key``)."""
+    if window is None:
+        return varlen_attention(query, k_cache, v_cache, query_start_loc, seq_lens,
+                                block_tables, scale)
+    return window_attention(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
+                            window, scale)
 
 
 @dataclass

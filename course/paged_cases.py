@@ -1,5 +1,5 @@
-"""Paged batches with known contents, for trying attention over a block table (chapters 6, 7
-and 9; their checks grade on the same batches).
+"""Paged batches with known contents, for trying attention over a block table (chapters 6, 7,
+9 and 10; their checks grade on the same batches).
 
 A case holds sequences of given lengths whose K/V sit slot by slot in a pool of physical
 blocks, shuffled so no sequence's blocks are in order, every unused slot NaN: an attention
@@ -146,12 +146,14 @@ class VarlenCase(PagedCase):
     """Requests with contexts ``seq_lens`` (their K/V in a NaN-filled pool, shuffled
     blocks) and ``q_lens`` new query tokens each, packed: request ``i``'s queries are rows
     ``query_start_loc[i]`` to ``query_start_loc[i + 1] - 1`` of ``query``, the last
-    ``q_lens[i]`` tokens of its context."""
+    ``q_lens[i]`` tokens of its context. With ``from_key``, each query sees its keys from key
+    ``from_key`` on (its own key alone where that is later than its position): a first key
+    other than 0, for trying where a kernel's block loop starts."""
 
     def __init__(self, q_lens, seq_lens, block_size, q_heads, kv_heads, head_dim=16,
-                 dtype=torch.float32, seed=VARLEN_SEED, device="cpu"):
+                 dtype=torch.float32, seed=VARLEN_SEED, device="cpu", from_key=None):
         super().__init__(seq_lens, block_size, q_heads, kv_heads, head_dim, dtype, seed)
-        self.q_lens = list(q_lens)
+        self.q_lens, self.from_key = list(q_lens), from_key
         gen = torch.Generator().manual_seed(seed + 7)
         self.query = torch.randn(sum(self.q_lens), q_heads, head_dim, generator=gen
                                  ).to(self.dtype)
@@ -163,10 +165,20 @@ class VarlenCase(PagedCase):
         for name in ("k_cache", "v_cache", "tables", "seq_lens", "query", "query_start_loc"):
             setattr(self, name, getattr(self, name).to(device))
 
+    def first_key(self, position: int) -> int:
+        """The first key the query at ``position`` sees."""
+        return 0 if self.from_key is None else min(self.from_key, position)
+
+    def positions(self) -> list[tuple[int, int]]:
+        """(request, position) of each packed query token, in order."""
+        return [(r, seq_len - q_len + j) for r, (q_len, seq_len)
+                in enumerate(zip(self.q_lens, self.lengths, strict=True)) for j in range(q_len)]
+
     def spec(self) -> dict:
         spec = super().spec()
         spec["seq_lens"] = spec.pop("lengths")
-        return dict(q_lens=self.q_lens, **spec)
+        spec = dict(q_lens=self.q_lens, **spec)
+        return spec | ({} if self.from_key is None else {"from_key": self.from_key})
 
     def arguments(self) -> tuple:
         """query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale."""
@@ -176,35 +188,48 @@ class VarlenCase(PagedCase):
     def describe(self) -> str:
         return (f"query lengths {self.q_lens}, seq_lens {self.lengths}, blocks of "
                 f"{self.block_size}, {self.q_heads} query heads over {self.kv_heads} KV heads, "
-                f"head_dim {self.head_dim}, {dtype_name(self.dtype)}")
+                f"head_dim {self.head_dim}, {dtype_name(self.dtype)}"
+                + ("" if self.from_key is None else
+                   f", each query seeing its keys from key {self.from_key} on"))
 
 
-class WindowCase(KernelCase):
-    """A ``KernelCase`` whose decode queries see their sequence's last ``window`` tokens, as a
-    hybrid cache holds them: each table entry before the window's first block names the null
-    block (an unused block of NaN), the blocks a sliding-window group gave back."""
+class WindowCase(VarlenCase):
+    """A ``VarlenCase`` whose queries see their last ``window`` keys, as a hybrid cache holds
+    them: each table entry before the block of the first key a request's first query sees
+    names the null block (an unused block of NaN), the blocks a sliding-window group gave
+    back; so do the tables' padding and the entries laid out before the first row, so that
+    a loop that starts before a row's first entry reads NaN, not another request's keys."""
 
-    def __init__(self, lengths, block_size, q_heads, kv_heads, window, head_dim=16,
-                 dtype=torch.float32, seed=WINDOW_SEED):
-        super().__init__(lengths, block_size, q_heads, kv_heads, head_dim, dtype, seed)
+    def __init__(self, q_lens, seq_lens, block_size, q_heads, kv_heads, window, head_dim=16,
+                 dtype=torch.float32, seed=WINDOW_SEED, device="cpu"):
+        super().__init__(q_lens, seq_lens, block_size, q_heads, kv_heads, head_dim, dtype,
+                         seed)
         self.window = window
-        used = {int(b) for seq in range(len(self.lengths)) for b in self.tables[seq].tolist()}
-        self.null_block = min(set(range(self.k_cache.shape[0])) - used - {self.decoy})
-        for seq in range(len(self.lengths)):
-            self.tables[seq, :self.first_block(seq)] = self.null_block
+        used = {int(b) for seq, length in enumerate(self.lengths)
+                for b in self.tables[seq, :-(-length // block_size)].tolist()}
+        self.null_block = min(set(range(self.k_cache.shape[0])) - used)
+        rows, width = self.tables.shape
+        guard = window // block_size + 2  # entries before row 0: any loop start down to -window
+        flat = torch.full((guard + rows * width,), self.null_block, dtype=torch.int32)
+        tables = flat[guard:].view(rows, width)
+        for seq, length in enumerate(self.lengths):
+            first, end = self.first_block(seq), -(-length // block_size)
+            tables[seq, first:end] = self.tables[seq, first:end]
+        self.tables = flat.to(device)[guard:].view(rows, width)
+        for name in ("k_cache", "v_cache", "seq_lens", "query", "query_start_loc"):
+            setattr(self, name, getattr(self, name).to(device))
+        self.device = device
+
+    def first_key(self, position: int) -> int:
+        return max(position + 1 - self.window, 0)
 
     def first_block(self, seq: int) -> int:
-        """The table entry of the first block sequence ``seq``'s window reaches."""
-        return max(0, self.lengths[seq] - self.window) // self.block_size
+        """The table entry of the block of the first key request ``seq``'s first query sees."""
+        q_len, length = self.q_lens[seq], self.lengths[seq]
+        return self.first_key(length - q_len) // self.block_size if q_len else 0
 
     def spec(self) -> dict:
         return super().spec() | {"window": self.window}
-
-    def arguments(self) -> tuple:
-        """query, k_cache, v_cache, block_tables, seq_lens, window, scale: the arguments of
-        ``kernels.sliding_window_attention``."""
-        return (self.query, self.k_cache, self.v_cache, self.tables, self.seq_lens,
-                self.window, self.scale)
 
     def describe(self) -> str:
         return super().describe() + f", a window of {self.window} tokens"

@@ -1,5 +1,5 @@
-"""Compile the course's kernels (chapters 7 and 9, the sliding window's) or your own, for
-NVIDIA GPUs, on any machine.
+"""Compile the course's kernels (chapters 7 and 9, chapter 9's with chapter 10's window) or
+your own, for NVIDIA GPUs, on any machine.
 
 Triton's interpreter runs a kernel as NumPy and accepts code that NVIDIA's compiler rejects (a
 ``tl.dot`` whose reduced dimension K is under 16 for 16-bit inputs, say). Compiling for a
@@ -65,26 +65,22 @@ MERGE = ("out_ptr:data", "max_ptr:*fp32", "sum_ptr:*fp32", "acc_ptr:*fp32",
          "stride_out_seq:i32", "stride_out_head:i32", "num_splits:i32", "HEAD_DIM:constexpr",
          "HEAD_PAD:constexpr", "SPLITS_PAD:constexpr")
 CONTRACTS = {len(c): c for c in (DECODE, SPLIT, MERGE)}
-# Chapter 9's attention over packed queries: known by its parameter names (it takes as many
-# arguments as the split kernel).
+# Chapter 9's attention over packed queries: known by its parameter names. Its FIRST_KEY is
+# a jit function, named here by its name in FIRST_KEYS (JSON carries it to a compile process).
 VARLEN = ("out_ptr:data", "query_ptr:data", "k_cache_ptr:data", "v_cache_ptr:data",
           "query_start_loc_ptr:index", "seq_lens_ptr:index", "block_tables_ptr:index",
-          "token_seqs_ptr:index", "scale:fp32", "stride_q_token:i32", "stride_q_head:i32",
-          "stride_kv_block:i32", "stride_kv_token:i32", "stride_kv_head:i32",
-          "stride_table_seq:i32", "GROUP:constexpr", "GROUP_PAD:constexpr",
-          "BLOCK_SIZE:constexpr", "BLOCK_PAD:constexpr", "HEAD_DIM:constexpr",
-          "HEAD_PAD:constexpr")
-# Sliding-window decode and variable-length attention (``kernels.sliding_window_attention``,
-# ``kernels.sliding_window_varlen``): the decode and varlen contracts with the window after the
-# scale.
-WINDOW = (*DECODE[:7], "window:i32", *DECODE[7:])
-WINDOW_VARLEN = (*VARLEN[:9], "window:i32", *VARLEN[9:])
+          "token_seqs_ptr:index", "scale:fp32", "window:i32", "stride_q_token:i32",
+          "stride_q_head:i32", "stride_kv_block:i32", "stride_kv_token:i32",
+          "stride_kv_head:i32", "stride_table_seq:i32", "GROUP:constexpr",
+          "GROUP_PAD:constexpr", "BLOCK_SIZE:constexpr", "BLOCK_PAD:constexpr",
+          "HEAD_DIM:constexpr", "HEAD_PAD:constexpr", "FIRST_KEY:constexpr")
+FIRST_KEYS = {"all_keys": ("kernels.varlen_attention", "all_keys"),
+              "window_first_key": ("kernels.sliding_window_attention", "window_first_key")}
 
 
 def _contract(names: list[str]) -> tuple[str, ...]:
-    for named in (VARLEN, WINDOW, WINDOW_VARLEN):
-        if list(names) == [role.split(":")[0] for role in named]:
-            return named
+    if list(names) == [role.split(":")[0] for role in VARLEN]:
+        return VARLEN
     if len(names) not in CONTRACTS:
         raise ValueError(f"a chapter-7 kernel takes {sorted(CONTRACTS)} arguments; this one "
                          f"takes {len(names)}: {', '.join(names)}")
@@ -96,13 +92,15 @@ def head_pad(head_dim: int) -> int:
 
 
 def constants_for(names: list[str], block_size: int = 16, head_dim: int = 128,
-                  group: int = 4, splits: int = 4) -> dict[str, int]:
-    """The constexpr values of a kernel with parameter ``names`` at these sizes."""
+                  group: int = 4, splits: int = 4, first_key: str = "all_keys"
+                  ) -> dict[str, int | str]:
+    """The constexpr values of a kernel with parameter ``names`` at these sizes (a varlen
+    kernel's ``FIRST_KEY`` by its name in ``FIRST_KEYS``)."""
     values = {"GROUP": group, "GROUP_PAD": 1 << (group - 1).bit_length(),
               "BLOCK_SIZE": block_size, "BLOCK_PAD": head_pad(block_size),
               "HEAD_DIM": head_dim, "HEAD_PAD": head_pad(head_dim),
-              "SPLITS_PAD": 1 << (splits - 1).bit_length()}
-    if _contract(names) in (VARLEN, WINDOW_VARLEN):  # launch_varlen pads the group to 16 rows
+              "SPLITS_PAD": 1 << (splits - 1).bit_length(), "FIRST_KEY": first_key}
+    if _contract(names) == VARLEN:  # launch_varlen pads the group to 16 rows
         values["GROUP_PAD"] = head_pad(group)
     return {name: values[role.split(":")[0]] for name, role in zip(names, _contract(names),
                                                                      strict=True)
@@ -133,7 +131,17 @@ def _source(kernel, dtype: str, constants: dict[str, int] | None):
 
     names = [p.name for p in kernel.params]
     constants = constants if constants is not None else constants_for(names)
+    constants = {name: _first_key(value) if isinstance(value, str) else value
+                 for name, value in constants.items()}
     return ASTSource(fn=kernel, signature=signature_for(names, dtype), constexprs=constants)
+
+
+def _first_key(name: str):
+    """The jit function ``FIRST_KEYS`` names, imported as compiled (not interpreted)."""
+    import importlib
+
+    module, function = FIRST_KEYS[name]
+    return getattr(importlib.import_module(module), function)
 
 
 def compile_one(kernel, dtype: str, constants: dict[str, int] | None, target):
@@ -450,18 +458,14 @@ def configurations(quick: bool = False):
         yield paged_attention_kernel, "fp32", constants_for(names, 8, 128, 4)
     from kernels.varlen_attention import varlen_attention_kernel
 
+    names = [p.name for p in varlen_attention_kernel.params]
     varlen = ((128, 16, 4),) if quick else itertools.product((64, 96, 128), (1, 16), (1, 8))
     for (head_dim, block_size, group), dtype in itertools.product(varlen, DTYPES):
-        names = [p.name for p in varlen_attention_kernel.params]
         yield varlen_attention_kernel, dtype, constants_for(names, block_size, head_dim, group)
-    from kernels.sliding_window_attention import sliding_window_kernel
-    from kernels.sliding_window_varlen import window_varlen_kernel
-
     windowed = ((64, 16, 8),) if quick else itertools.product((64, 128, 256), (16, 32), (1, 8))
-    for (head_dim, block_size, group), dtype, kernel in itertools.product(
-            windowed, DTYPES, (sliding_window_kernel, window_varlen_kernel)):
-        names = [p.name for p in kernel.params]
-        yield kernel, dtype, constants_for(names, block_size, head_dim, group)
+    for (head_dim, block_size, group), dtype in itertools.product(windowed, DTYPES):
+        yield varlen_attention_kernel, dtype, constants_for(names, block_size, head_dim, group,
+                                                            first_key="window_first_key")
     merges = ((128, 16),) if quick else itertools.product((64, 80, 128, 256), (2, 16, 64))
     for (head_dim, splits), dtype in itertools.product(merges, DTYPES):
         names = [p.name for p in merge_splits_kernel.params]

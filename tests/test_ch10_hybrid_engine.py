@@ -15,12 +15,10 @@ import torch
 
 from course.chunked_scheduler import ChunkedRequest
 from course.hybrid_cache import NULL_BLOCK, full_attention_hit
-from course.hybrid_engine import HybridEngine, attend_in_pytorch, serve
+from course.hybrid_engine import HybridEngine, attend_in_pytorch, attend_in_triton, serve
 from course.hybrid_prefix import HybridPrefixCache
 from course.prefix_cache import prefix_keys
 from course.tiny_model import TinyConfig, TinyModel, generate_contiguous
-from kernels.sliding_window_varlen import window_varlen_attention
-from kernels.varlen_attention import varlen_attention
 
 
 def _requests(seed: int, count: int) -> list[ChunkedRequest]:
@@ -117,18 +115,9 @@ def test_groups_of_different_sizes_are_refused():
         HybridEngine(TinyModel(TinyConfig(num_layers=3, windows=(3, None, None))), 8, 4)
 
 
-def _in_triton(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, window,
-               scale):
-    if window is None:
-        return varlen_attention(query, k_cache, v_cache, query_start_loc, seq_lens,
-                                block_tables, scale)
-    return window_varlen_attention(query, k_cache, v_cache, query_start_loc, seq_lens,
-                                   block_tables, window, scale)
-
-
 def test_the_triton_kernels_serve_the_same_tokens():
     model = TinyModel(TinyConfig(num_layers=2, windows=(3, None)), seed=7)
-    engine = HybridEngine(model, num_blocks=10, block_size=4, attention=_in_triton)
+    engine = HybridEngine(model, num_blocks=10, block_size=4, attention=attend_in_triton)
     served = serve(engine, _requests(seed=2, count=3))
     _assert_same(model, served)
 

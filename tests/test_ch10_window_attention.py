@@ -1,7 +1,8 @@
-"""Sliding-window paged decode attention (``kernels.sliding_window_attention``): the Triton
-kernel and the PyTorch version against attention over contiguous keys with the window's mask,
-through tables whose slots before the window hold the null block (filled with NaN, so that a
-read of it would show), on the interpreter at small shapes; at production shapes on a GPU.
+"""Sliding-window paged attention (``kernels.sliding_window_attention``): chapter 9's Triton
+kernel given the window's first key, and the PyTorch version, against attention over
+contiguous keys with the window's mask, through tables whose slots before the window hold the
+null block (filled with NaN, so that a read of it would show), for decodes and prefill chunks,
+on the interpreter at small shapes; at production shapes on a GPU.
 """
 
 from __future__ import annotations
@@ -13,23 +14,9 @@ import torch
 
 from course.hybrid_cache import NULL_BLOCK, free_skipped_blocks
 from course.tiny_model import causal_attention
-from kernels.sliding_window_attention import (
-    sliding_window_attention,
-    sliding_window_reference,
-)
-from kernels.sliding_window_varlen import window_varlen_attention, window_varlen_reference
+from kernels.sliding_window_attention import window_attention, window_attention_reference
 
-
-def _windowed(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-              window: int, scale: float) -> torch.Tensor:
-    """Each sequence's one query, its last token, over its contiguous keys with the window's
-    mask (chapter 8's ``causal_attention``); a sequence of no tokens gets zeros."""
-    out = torch.zeros_like(query)
-    for seq, (k, v) in enumerate(zip(keys, values, strict=True)):
-        if k.shape[0]:
-            out[seq] = causal_attention(query[seq:seq + 1].float(), k.float(), v.float(), scale,
-                                        past=k.shape[0] - 1, window=window)[0]
-    return out
+ATTENTIONS = (window_attention_reference, window_attention)
 
 
 def _paged(lengths: list[int], window: int, block_size: int, kv_heads: int, q_heads: int,
@@ -62,76 +49,6 @@ def _paged(lengths: list[int], window: int, block_size: int, kv_heads: int, q_he
             torch.tensor(lengths, dtype=torch.int32, device=device), keys, values)
 
 
-CASES = [
-    # (lengths, window, block_size, kv_heads, q_heads, head_dim)
-    ([0, 1, 5, 9, 16, 23], 6, 4, 2, 6, 8),
-    ([1, 7, 8, 40], 1, 8, 1, 4, 16),
-    ([3, 13, 31], 128, 4, 2, 2, 24),
-    ([17, 32, 33, 64], 16, 16, 1, 3, 8),
-]
-
-
-@pytest.mark.parametrize(("lengths", "window", "block_size", "kv_heads", "q_heads", "head_dim"),
-                         CASES, ids=["GQA 3, window 6", "window 1", "window past the lengths",
-                                     "window of one block"])
-def test_sliding_window_attention_sees_the_window_alone(lengths, window, block_size, kv_heads,
-                                                       q_heads, head_dim):
-    query, k_cache, v_cache, tables, seq_lens, keys, values = _paged(
-        lengths, window, block_size, kv_heads, q_heads, head_dim, seed=len(lengths))
-    scale = 1 / math.sqrt(head_dim)
-    expected = _windowed(query, keys, values, window, scale)
-    for attend in (sliding_window_reference, sliding_window_attention):
-        out = attend(query, k_cache, v_cache, tables, seq_lens, window, scale)
-        assert not out.isnan().any(), f"{attend.__name__} read the null block"
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
-
-
-def test_the_comparison_catches_attention_over_every_token():
-    query, k_cache, v_cache, tables, seq_lens, keys, values = _paged(
-        [9, 23], 6, 4, 2, 6, 8, seed=1)
-    scale = 1 / math.sqrt(8)
-    everything = _windowed(query, keys, values, 10**6, scale)
-    assert not torch.allclose(everything, _windowed(query, keys, values, 6, scale))
-
-
-@pytest.mark.parametrize(("window", "error"), [(0, ValueError), (-3, ValueError),
-                                               (2.0, TypeError), (True, TypeError)])
-def test_a_window_that_is_not_a_positive_int_is_refused(window, error):
-    query, k_cache, v_cache, tables, seq_lens, _, _ = _paged([5], 4, 4, 1, 1, 8, seed=0)
-    with pytest.raises(error, match="window"):
-        sliding_window_attention(query, k_cache, v_cache, tables, seq_lens, window, 0.3)
-    starts = torch.tensor([0, 1], dtype=torch.int32)  # the decode as a chunk of one query
-    with pytest.raises(error, match="window"):
-        window_varlen_attention(query, k_cache, v_cache, starts, seq_lens, tables, window, 0.3)
-
-
-def test_bf16_is_computed_in_fp32_and_returned_in_bf16():
-    query, k_cache, v_cache, tables, seq_lens, keys, values = _paged(
-        [5, 12], 4, 4, 1, 2, 8, seed=2, dtype=torch.bfloat16)
-    out = sliding_window_attention(query, k_cache, v_cache, tables, seq_lens, 4, 0.35)
-    assert out.dtype == torch.bfloat16
-    expected = _windowed(query, keys, values, 4, 0.35)
-    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="needs a CUDA GPU (the interpreter runs the small shapes above)")
-def test_sliding_window_attention_at_production_shapes_on_a_gpu():
-    """gpt-oss's sliding layers: 64 query heads on 8 KV heads of 64, a window of 128, blocks
-    of 16, lengths from 1 to 4,096, in bf16."""
-    lengths = [1, 127, 128, 129, 1000, 4096, 2049, 300]
-    query, k_cache, v_cache, tables, seq_lens, keys, values = _paged(
-        lengths, 128, 16, 8, 64, 64, seed=3, device="cuda", dtype=torch.bfloat16)
-    scale = 1 / math.sqrt(64)
-    out = sliding_window_attention(query, k_cache, v_cache, tables, seq_lens, 128, scale)
-    expected = _windowed(query.cpu(), [k.cpu() for k in keys], [v.cpu() for v in values], 128,
-                         scale)
-    torch.testing.assert_close(out.float().cpu(), expected.float(), atol=2e-2, rtol=2e-2)
-
-
-# --- chunks of several queries (chapter 9's variable-length batches) --------------------------
-
-
 def _packed(chunks: list[tuple[int, int]], window: int, block_size: int, kv_heads: int,
             q_heads: int, head_dim: int, seed: int):
     """Requests of (context after the step, new tokens): their keys and values in shuffled
@@ -155,13 +72,9 @@ def test_a_chunks_queries_each_see_their_own_window(chunks, window, block_size):
     """Against chapter 8's contiguous attention with the window's mask, query by query."""
     query, k_cache, v_cache, starts, seq_lens, tables, keys, values = _packed(
         chunks, window, block_size, 2, 6, 16, seed=window)
-    scale = 0.25
-    expected = torch.cat([
-        causal_attention(query[int(starts[r]):int(starts[r + 1])], keys[r], values[r], scale,
-                         past=length - new, window=window)
-        for r, (length, new) in enumerate(chunks)])
-    for attend in (window_varlen_reference, window_varlen_attention):
-        out = attend(query, k_cache, v_cache, starts, seq_lens, tables, window, scale)
+    expected = _expected(query, starts, keys, values, chunks, window, 0.25)
+    for attend in ATTENTIONS:
+        out = attend(query, k_cache, v_cache, starts, seq_lens, tables, window, 0.25)
         assert not out.isnan().any(), f"{attend.__name__} read the null block"
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
@@ -174,11 +87,77 @@ def test_chunks_over_a_window_at_production_shapes_on_a_gpu():
     chunks = [(600, 512), (129, 1), (4096, 1), (300, 300), (2000, 77)]
     query, k_cache, v_cache, starts, seq_lens, tables, keys, values = _packed(
         chunks, 128, 16, 8, 64, 64, seed=4)
-    expected = torch.cat([
-        causal_attention(query[int(starts[r]):int(starts[r + 1])], keys[r], values[r], 0.125,
-                         past=length - new, window=128)
-        for r, (length, new) in enumerate(chunks)])
+    expected = _expected(query, starts, keys, values, chunks, 128, 0.125)
     cuda = [t.to("cuda", torch.float16) if t.is_floating_point() else t.to("cuda")
             for t in (query, k_cache, v_cache, starts, seq_lens, tables)]
-    out = window_varlen_attention(*cuda[:6], 128, 0.125)
+    out = window_attention(*cuda, 128, 0.125)
+    torch.testing.assert_close(out.float().cpu(), expected, atol=2e-2, rtol=2e-2)
+
+
+def _expected(query, starts, keys, values, chunks, window, scale):
+    """Chapter 8's contiguous attention with the window's mask, request by request."""
+    return torch.cat([
+        causal_attention(query[int(starts[r]):int(starts[r + 1])].float(), keys[r].float(),
+                         values[r].float(), scale, past=length - new, window=window)
+        for r, (length, new) in enumerate(chunks)])
+
+
+@pytest.mark.parametrize(("lengths", "window", "block_size", "kv_heads", "q_heads", "head_dim"), [
+    ([1, 5, 9, 16, 23], 6, 4, 2, 6, 8),
+    ([1, 7, 8, 40], 1, 8, 1, 4, 16),
+    ([3, 13, 31], 128, 4, 2, 2, 24),
+    ([17, 32, 33, 64], 16, 16, 1, 3, 8),
+], ids=["GQA 3, window 6", "window 1", "window past the lengths", "window of one block"])
+def test_decodes_see_the_window_alone(lengths, window, block_size, kv_heads, q_heads, head_dim):
+    chunks = [(length, 1) for length in lengths]
+    query, k_cache, v_cache, starts, seq_lens, tables, keys, values = _packed(
+        chunks, window, block_size, kv_heads, q_heads, head_dim, seed=len(lengths))
+    scale = 1 / math.sqrt(head_dim)
+    expected = _expected(query, starts, keys, values, chunks, window, scale)
+    for attend in ATTENTIONS:
+        out = attend(query, k_cache, v_cache, starts, seq_lens, tables, window, scale)
+        assert not out.isnan().any(), f"{attend.__name__} read the null block"
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_the_comparison_catches_attention_over_every_token():
+    chunks = [(9, 1), (23, 1)]
+    query, _, _, starts, _, _, keys, values = _packed(chunks, 6, 4, 2, 6, 8, seed=1)
+    everything = _expected(query, starts, keys, values, chunks, 10**6, 0.35)
+    assert not torch.allclose(everything, _expected(query, starts, keys, values, chunks, 6, 0.35))
+
+
+@pytest.mark.parametrize(("window", "error"), [(0, ValueError), (-3, ValueError),
+                                               (2.0, TypeError), (True, TypeError)])
+def test_a_window_that_is_not_a_positive_int_is_refused(window, error):
+    query, k_cache, v_cache, starts, seq_lens, tables, _, _ = _packed([(5, 1)], 4, 4, 1, 1, 8,
+                                                                      seed=0)
+    for attend in ATTENTIONS:
+        with pytest.raises(error, match="window"):
+            attend(query, k_cache, v_cache, starts, seq_lens, tables, window, 0.3)
+
+
+def test_bf16_is_computed_in_fp32_and_returned_in_bf16():
+    chunks = [(5, 2), (12, 1)]
+    query, k_cache, v_cache, starts, seq_lens, tables, keys, values = _packed(
+        chunks, 4, 4, 1, 2, 8, seed=2)
+    bf16 = [t.to(torch.bfloat16) for t in (query, k_cache, v_cache)]
+    out = window_attention(bf16[0], bf16[1], bf16[2], starts, seq_lens, tables, 4, 0.35)
+    assert out.dtype == torch.bfloat16
+    expected = _expected(query, starts, keys, values, chunks, 4, 0.35)
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU (the interpreter runs the small shapes above)")
+def test_decodes_over_a_window_at_production_shapes_on_a_gpu():
+    """gpt-oss's sliding layers: 64 query heads on 8 KV heads of 64, a window of 128, blocks
+    of 16, lengths from 1 to 4,096, in bf16."""
+    chunks = [(n, 1) for n in (1, 127, 128, 129, 1000, 4096, 2049, 300)]
+    query, k_cache, v_cache, starts, seq_lens, tables, keys, values = _packed(
+        chunks, 128, 16, 8, 64, 64, seed=3)
+    expected = _expected(query, starts, keys, values, chunks, 128, 0.125)
+    cuda = [t.to("cuda", torch.bfloat16) if t.is_floating_point() else t.to("cuda")
+            for t in (query, k_cache, v_cache, starts, seq_lens, tables)]
+    out = window_attention(*cuda, 128, 0.125)
     torch.testing.assert_close(out.float().cpu(), expected, atol=2e-2, rtol=2e-2)

@@ -1,13 +1,14 @@
 """Each answer written once: the measure (``autograder.builder.copies``) finds an answer's code
-wherever it stands outside its own region, and the course holds no copy but those named here,
-which the one engine of chapters 9 on removes (``tests/known_copies.py``)."""
+wherever it stands outside its own region; the course holds none outside the answer regions,
+and inside them only the ones ``tests/known_copies.py`` names (a later TODO that writes an
+earlier one's code again)."""
 
 from __future__ import annotations
 
 import textwrap
 
 import pytest
-from known_copies import KNOWN, SHARED
+from known_copies import SHARED
 
 from autograder.answers import BEGIN, END, definition
 from autograder.builder.copies import (
@@ -28,10 +29,9 @@ def _region(module: str, qualname: str) -> str:
     return "\n".join(regions)
 
 
-def test_the_course_holds_no_copy_but_the_known_ones():
+def test_the_course_holds_no_copy_of_an_answer_outside_the_answers():
     found = {(copy.answer, copy.place) for copy in copies_in_library()}
-    assert found - KNOWN == set(), "answers written again outside their regions"
-    assert KNOWN - found == set(), "copies gone: take them out of KNOWN"
+    assert found == set(), "answers written again outside their regions"
 
 
 def test_the_answers_write_no_other_chapters_answer_but_the_known_ones():

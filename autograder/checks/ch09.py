@@ -25,7 +25,7 @@ from course.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Sc
 from course.paged_cases import VARLEN_SEED as SEED
 from course.paged_cases import VarlenCase, on_gpu
 from course.tiny_model import TinyModel
-from kernels.varlen_attention import launch_varlen
+from kernels.varlen_attention import all_keys, keys_from, launch_varlen
 
 # --- schedule_step ---------------------------------------------------------------------------
 
@@ -224,9 +224,19 @@ MISTAKES = {
                "(t - query_start_loc[r]). "),
     "from_zero": ("It matches positions counted from 0 in each chunk: a chunk starts after "
                   "the request's cached tokens, at position seq_len - q_len. "),
+    "from_key_0": ("It matches each query seeing its keys from key 0, where FIRST_KEY says "
+                   "they start later: first = FIRST_KEY(context, window) is the first key a "
+                   "query sees; start the block loop at first // BLOCK_SIZE and mask the "
+                   "slots before first. "),
 }
-NAN_READ = ("It has NaN: a slot past a token's position or a request's end was read (the pool "
-            "holds NaN there). Mask loads and scores past the token's context. ")
+FIRST_KEY_IDEA = (" The kernel asks first = FIRST_KEY(context, window) for the first key a "
+                  "query sees, and loops over blocks first // BLOCK_SIZE .. cdiv(context, "
+                  "BLOCK_SIZE) - 1, masking slots before first or at or past context.")
+NAN_READ = ("It has NaN: either it read a slot outside the query's keys (the pool holds NaN "
+            "past a token's position and a request's end), or a block whose every slot is "
+            "masked came first in its loop: all its scores are -inf, the running maximum "
+            "stays -inf, and exp(-inf - (-inf)) is NaN. Loop over the blocks of the query's "
+            "keys only, and mask loads and scores outside them. ")
 _TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (3e-3, 1e-2),
               torch.bfloat16: (2e-2, 5e-2)}  # (atol, rtol): where 16-bit arithmetic lands
 # The exact answer rounded to the output's dtype, as fp32 arithmetic gives it: within one
@@ -257,8 +267,9 @@ def compare_attention(out, case: VarlenCase, name: str, answers: dict,
     against the known mistakes in ``answers`` (each query token's rows as that mistake
     computes them)."""
     shape = tuple(case.query.shape)
+    idea = ATTENTION_IDEA + (FIRST_KEY_IDEA if case.from_key is not None else "")
     expect_attention_output(out, f"{name}(...)", case.describe(), case.query,
-                            layout=" (one row per packed query token)", idea=ATTENTION_IDEA)
+                            layout=" (one row per packed query token)", idea=idea)
     want = answers["want"]
     bad = [t for t in range(shape[0]) if out[t].isnan().any()
            or not _close(out[t], want[t], case.dtype, rounded)]
@@ -280,7 +291,7 @@ def compare_attention(out, case: VarlenCase, name: str, answers: dict,
         f"{name}(...) on {case.describe()}: packed query token {bad[0]} (request {request}, "
         f"its query {bad[0] - starts[request]} of {case.q_lens[request]}, context "
         f"{case.lengths[request]}) is wrong ({len(bad)} of {shape[0]} tokens are). "
-        f"{hint}{ATTENTION_IDEA}")
+        f"{hint}{idea}")
 
 
 def ask_attention(case: VarlenCase) -> dict:
@@ -304,24 +315,26 @@ def check_varlen_paged_attention(fn: Callable) -> None:
 
 def _table_finding(audit: MemoryAudit, case: VarlenCase) -> str:
     """The first block-table read of a program (query token, KV head) outside its own
-    request's row, or past the blocks its context needs (the causal mask)."""
-    starts, stride = case.query_start_loc.tolist(), case.tables.stride(0)
+    request's row, past the blocks its context needs (the causal mask), or before the block
+    of the first key it sees."""
+    stride, positions = case.tables.stride(0), case.positions()
     for access, offsets, inside in audit.touching(case.tables, "load"):
         token = access.program[0]
-        request = next(r for r in range(len(case.q_lens)) if starts[r] <= token < starts[r + 1])
-        position = case.lengths[request] - case.q_lens[request] + token - starts[request]
-        needed = -(-(position + 1) // case.block_size)
+        request, position = positions[token]
+        first = case.first_key(position)
+        lo, needed = first // case.block_size, -(-(position + 1) // case.block_size)
         for offset in offsets[inside]:
             row, column = divmod(int(offset), stride)
-            if row == request and column < needed:
+            if row == request and lo <= column < needed:
                 continue
             return (f"program (query token {token}, KV head {access.program[1]}) read "
                     f"block_tables[{row}, {column}]; its query is request {request}'s token at "
-                    f"position {position}, so it attends to keys 0 .. {position}: blocks 0 .. "
-                    f"{needed - 1} of its request's row, cdiv(context, BLOCK_SIZE) of them; "
-                    "every key past the position is masked, so looping over the request's "
-                    "other blocks changes no number, only wastes their loads (for a long "
-                    "prompt's first chunks, most of the work)")
+                    f"position {position}, so it attends to keys {first} .. {position}: blocks "
+                    f"{lo} .. {needed - 1} of its request's row, first // BLOCK_SIZE to "
+                    "cdiv(context, BLOCK_SIZE) - 1; every key outside them is masked, so "
+                    "looping over the request's other blocks changes no number, only wastes "
+                    "their loads (for a long prompt's first chunks, most of the work; for a "
+                    "sliding window, the blocks its cache has given back)")
     return ""
 
 
@@ -353,11 +366,14 @@ def kernel_audit(audit: MemoryAudit, case: VarlenCase, out) -> str:
 
 
 def run_kernel(fn: Callable, case: VarlenCase, answers: dict) -> None:
-    """The kernel through the launcher, fenced in on the interpreter (a store past every
-    argument is dropped, not performed, so a wild kernel fails here instead of corrupting
-    the process), then its output and what each program touched."""
+    """The kernel through the launcher (its first key ``all_keys``, or ``keys_from`` the
+    case's ``from_key``), fenced in on the interpreter (a store past every argument is
+    dropped, not performed, so a wild kernel fails here instead of corrupting the process),
+    then its output and what each program touched."""
+    first_key = all_keys if case.from_key is None else keys_from
     with MemoryAudit() as audit, quiet():
-        out = learner_call("varlen_attention_kernel", launch_varlen, fn, *case.arguments())
+        out = learner_call("varlen_attention_kernel", launch_varlen, fn, *case.arguments(),
+                           case.from_key or 0, first_key)
     seen = kernel_audit(audit, case, out)
     try:
         compare_attention(out, case, "varlen_attention_kernel", answers)
@@ -367,18 +383,26 @@ def run_kernel(fn: Callable, case: VarlenCase, answers: dict) -> None:
         raise AssertionError(f"{wrong} The interpreter also saw this: {seen}.") from None
     if seen:
         raise AssertionError(f"varlen_attention_kernel(...) on {case.describe()}: the output "
-                             f"is right, but {seen}. " + ATTENTION_IDEA)
+                             f"is right, but {seen}. " + ATTENTION_IDEA
+                             + (FIRST_KEY_IDEA if case.from_key is not None else ""))
 
 
 KERNEL_CASE = dict(q_lens=[3, 1, 2], seq_lens=[6, 5, 2], block_size=4, q_heads=4,
                    kv_heads=2, head_dim=12)
+FROM_KEY_CASE = dict(q_lens=[3, 1, 2], seq_lens=[10, 9, 2], block_size=4, q_heads=4,
+                     kv_heads=2, head_dim=12, from_key=5)
 
 
 @visible
 def check_varlen_attention_kernel(fn: Callable) -> None:
-    """The same three requests through the kernel, head_dim 12 (padded to 16, masked)."""
-    case = VarlenCase(**KERNEL_CASE, device="cuda" if on_gpu() else "cpu")
-    run_kernel(fn, case, ask_attention(case))
+    """The same three requests through the kernel, head_dim 12 (padded to 16, masked), its
+    first key 0 (``all_keys``); then contexts of 10, 9 and 2 with each query seeing its keys
+    from key 5 on (its loop from block 1, key 4 masked; the short request's queries see their
+    own keys alone)."""
+    device = "cuda" if on_gpu() else "cpu"
+    for spec in (KERNEL_CASE, FROM_KEY_CASE):
+        case = VarlenCase(**spec, device=device)
+        run_kernel(fn, case, ask_attention(case))
 
 
 # --- engine_step -----------------------------------------------------------------------------

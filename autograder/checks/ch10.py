@@ -20,13 +20,14 @@ from autograder.checks._contract import INT, LIST_OF_INTS, Promise, Raises, expe
 from autograder.checks._helpers import describe_call, learner_call, not_written
 from autograder.checks._memory_audit import MemoryAudit
 from autograder.checks._tensors import expect_attention_output
-from autograder.checks.ch07_audit import decode_audit, quiet
+from autograder.checks.ch07_audit import quiet
+from autograder.checks.ch09 import kernel_audit
 from autograder.private import private, visible
 from course.hybrid_cache import NULL_BLOCK
 from course.hybrid_manager import HybridBlockManager
 from course.hybrid_models import FULL, HYBRID_MODELS, SLIDING, STATE, HybridModel, LayerGroup
 from course.paged_cases import WindowCase, on_gpu
-from kernels.paged_attention import launch
+from kernels.varlen_attention import launch_varlen, varlen_attention_kernel
 
 BYTES_IDEA = ("A request holds, in each group: every token under full attention, at most the "
               "window's last tokens under a sliding window, and one state per layer from the "
@@ -45,12 +46,17 @@ HYBRID_HIT_IDEA = ("The hit is the longest length every group accepts at that le
 ALLOCATE_IDEA = ("First each sliding-window group gives back the blocks its window left behind "
                  "once num_computed tokens are computed; then every group's new blocks are "
                  "taken together, or none of them (False).")
-WINDOW_KERNEL_IDEA = ("The decode query of a sequence of seq_len tokens sees positions "
-                      "first = max(seq_len - window, 0) to seq_len - 1: the block loop starts "
-                      "at first // BLOCK_SIZE, masks the positions before first and from "
-                      "seq_len on, and keeps chapter 7's online softmax.")
-WINDOW_NAN = ("NaN: the kernel read a slot no token was written to (the null block before "
-              "the window, or a slot past seq_len). ")
+WINDOW_KEY_IDEA = ("A query at position p has context = p + 1 keys up to its own, 0 .. p, and "
+                   "its window sees the last window of them, its own included: the first is "
+                   "max(context - window, 0). Chapter 9's kernel starts its block loop at that "
+                   "key's block and masks the keys before it.")
+WINDOW_NAN = ("NaN: the kernel read a slot no token was written to, or saw no key at all: the "
+              "table entries before the first query's window hold the null block, and so do "
+              "the entries before a row (what a first key below 0 reaches). The first key is "
+              "never before the window, never below 0 and never past the query's own "
+              "position. ")
+NOT_JIT = ("window_first_key is called inside chapter 9's kernel, so it must be a Triton "
+           "function: keep the @triton.jit the cell gives it.")
 BAD_STEP_IDEA = ("A step computes at least one new token after those computed: "
                  "num_computed < 0 or num_new < 1 is a ValueError.")
 
@@ -246,7 +252,7 @@ def check_allocate_slots(subject: Callable) -> None:
     run_steps("allocate_slots", subject, windows, block_size, num_blocks, steps, expected)
 
 
-# --- sliding_window_kernel --------------------------------------------------------------------
+# --- window_first_key -------------------------------------------------------------------------
 
 _TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
@@ -258,52 +264,54 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 def run_window_kernel(fn: Callable, case: WindowCase, answers: dict) -> None:
-    """The kernel through chapter 7's launcher, watched by the interpreter's audit; its output
-    against ``answers["want"]``, a wrong sequence matched against the known mistakes'
-    outputs in ``answers``; then what each program read and wrote."""
-    query, k_cache, v_cache, tables, seq_lens, window, scale = case.arguments()
+    """Chapter 9's kernel (the course's) given ``fn`` as its first key, watched by the
+    interpreter's audit; its output against ``answers["want"]``, a wrong query token's row
+    matched against the known mistakes' in ``answers``; then what each program read."""
+    if type(fn).__name__ not in ("JITFunction", "InterpretedFunction"):
+        raise AssertionError(NOT_JIT)
     with MemoryAudit() as audit, quiet():
-        out = learner_call("sliding_window_kernel", launch, fn, query, k_cache, v_cache, tables,
-                           seq_lens, scale, window)
-    seen = decode_audit(audit, case, out, per_query_head=False,
-                        first_block=case.first_block)()
-    call = "sliding_window_kernel(...)"
-    expect_attention_output(out, call, case.describe(), case.query, idea=WINDOW_KERNEL_IDEA)
-    want = answers["want"]
-    bad = [seq for seq in range(len(case.lengths))
-           if out[seq].isnan().any() or not _close(out[seq], want[seq], case.dtype)]
+        out = learner_call("window_first_key", launch_varlen, varlen_attention_kernel,
+                           *case.arguments(), case.window, fn)
+    seen = kernel_audit(audit, case, out)
+    call = "chapter 9's kernel with window_first_key"
+    expect_attention_output(out, call, case.describe(), case.query,
+                            layout=" (one row per packed query token)", idea=WINDOW_KEY_IDEA)
+    want, positions = answers["want"], case.positions()
+    bad = [t for t in range(len(positions))
+           if out[t].isnan().any() or not _close(out[t], want[t], case.dtype)]
     if bad:
-        seq, length = bad[0], case.lengths[bad[0]]
+        token = bad[0]
+        request, position = positions[token]
         known = [text for key, text in answers["mistakes"].items()
-                 if answers[key] is not None and _close(out[seq], answers[key][seq], case.dtype)]
-        why = known[0] if known else WINDOW_NAN if out[seq].isnan().any() else ""
-        first = max(length - case.window, 0)
-        difference = float((out[seq].double().cpu() - want[seq].double()).abs().max())
+                 if answers[key] is not None and not answers[key][token].isnan().any()
+                 and _close(out[token], answers[key][token], case.dtype)]
+        why = known[0] if known else WINDOW_NAN if out[token].isnan().any() else ""
+        first = case.first_key(position)
         raise AssertionError(
-            f"{call} on {case.describe()}: sequence {seq} (seq_len {length}, so positions "
-            f"{first} to {length - 1}) is wrong, largest difference {difference:.2g}. "
-            + why + WINDOW_KERNEL_IDEA
+            f"{call} on {case.describe()}: packed query token {token} (request {request}, "
+            f"position {position}, context {position + 1}, so keys {first} to {position}) is "
+            f"wrong ({len(bad)} of {len(positions)} tokens are). " + why + WINDOW_KEY_IDEA
             + (f" The interpreter also saw this: {seen}." if seen else ""))
     if seen:
         raise AssertionError(f"{call} on {case.describe()}: the output is right, but {seen}. "
-                             + WINDOW_KERNEL_IDEA)
+                             + WINDOW_KEY_IDEA)
 
 
-WINDOW_CASE = dict(lengths=[14, 6, 3, 0, 17], block_size=4, q_heads=6, kv_heads=2, window=6,
-                   head_dim=12)
+WINDOW_CASE = dict(q_lens=[1, 1, 3, 4, 2], seq_lens=[14, 6, 3, 17, 9], block_size=4,
+                   q_heads=6, kv_heads=2, window=6, head_dim=12)
 
 
 def window_case(**spec: Any) -> tuple[WindowCase, dict]:
     """The case ``spec`` describes, on the kernels' device, and its answers (asked first)."""
-    case = WindowCase(**spec)
+    case = WindowCase(**spec, device="cuda" if on_gpu() else "cpu")
     return case, private("10").window_answers(**case.spec())
 
 
 @visible
-def check_sliding_window_kernel(fn: Callable) -> None:
-    """Window 6, blocks of 4, 6 query heads over 2 KV heads (groups of 3, padded to 4),
-    head_dim 12 (padded to 16): sequences of 14 (two null blocks before the window), 6
-    (exactly the window), 3 (shorter), 0 (zeros) and 17 (the window starts inside a block)
-    tokens."""
+def check_window_first_key(fn: Callable) -> None:
+    """Window 6, blocks of 4, 6 query heads over 2 KV heads, head_dim 12, through chapter 9's
+    kernel: decodes at 14 tokens (two null blocks before the window) and at 6 (exactly the
+    window), a fresh prompt of 3 (shorter than the window), a chunk of 4 ending at 17 (the
+    window starts inside a block) and one of 2 ending at 9."""
     case, answers = window_case(**WINDOW_CASE)
     run_window_kernel(fn, case, answers)

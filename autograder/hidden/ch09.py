@@ -197,31 +197,37 @@ def _seen(kind: str, start: int, q_len: int, seq_len: int, j: int) -> int:
     """How many keys query j of a request sees: rightly, or as a known mistake does."""
     position = seq_len - q_len + j
     count = {"want": position + 1, "no_causal": seq_len, "short": position,
-             "long": position + 2, "packed": start + j + 1, "from_zero": j + 1}[kind]
+             "long": position + 2, "packed": start + j + 1, "from_zero": j + 1,
+             "from_key_0": position + 1}[kind]
     return max(0, count if kind == "packed" else min(count, seq_len))
 
 
 def attention_answers(q_lens, seq_lens, block_size, q_heads, kv_heads, head_dim, dtype,
-                      seed) -> dict:
+                      seed, from_key=None) -> dict:
     """The case's output, token by token over each request's contiguous keys (float64), and
     what each known mistake computes; a mistake that agrees with the right answer on this
-    case is None."""
+    case is None. With ``from_key``, a query sees its keys from ``min(from_key, context -
+    1)`` on, its context as each kind computes it (``from_key_0``: from key 0)."""
     case = VarlenCase(q_lens, seq_lens, block_size, q_heads, kv_heads, head_dim,
-                      getattr(torch, dtype), seed)
+                      getattr(torch, dtype), seed, from_key=from_key)
     group = q_heads // kv_heads
     answers = {}
-    for kind in ("want", "no_causal", "short", "long", "packed", "from_zero"):
+    for kind in ("want", "no_causal", "short", "long", "packed", "from_zero", "from_key_0"):
         rows, start = [], 0
         for r, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens, strict=True)):
             keys, values = case.keys[r].double(), case.values[r].double()
             for j in range(q_len):
                 q = case.query[start + j].double()  # [q_heads, dim]
                 count = _seen(kind, start, q_len, seq_len, j)
+                # FIRST_KEY(context, window) of the context this kind computes
+                first = 0 if from_key is None or kind == "from_key_0" else max(
+                    0, min(from_key, count - 1))
                 row = torch.full((q_heads, head_dim), float("nan"), dtype=torch.float64)
                 for h in range(q_heads):
                     if count == 0 or count > seq_len:  # no key, or past the end: undefined
                         continue
-                    k, v = keys[:count, h // group], values[:count, h // group]
+                    k = keys[first:count, h // group]
+                    v = values[first:count, h // group]
                     weights = torch.softmax((k @ q[h]) * case.scale, dim=0)
                     row[h] = weights @ v
                 rows.append(row)
@@ -246,6 +252,11 @@ def _attention_cases(kernel: bool) -> list[dict]:
         dict(q_lens=[4, 9], seq_lens=[21, 9], block_size=8, q_heads=6, kv_heads=3,
              head_dim=12, dtype=torch.float16),
     ]
+    if kernel:  # a first key other than 0: where the block loop starts, and the mask before it
+        cases += [dict(q_lens=[6, 1, 3], seq_lens=[20, 33, 3], block_size=4, q_heads=4,
+                       kv_heads=1, from_key=9),
+                  dict(q_lens=[2, 5], seq_lens=[7, 12], block_size=1, q_heads=2, kv_heads=2,
+                       from_key=3)]
     if not kernel:
         cases += [dict(q_lens=[3, 2], seq_lens=[10, 33], block_size=2, q_heads=4, kv_heads=1,
                        dtype=torch.bfloat16),

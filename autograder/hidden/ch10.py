@@ -489,73 +489,80 @@ def check_allocate_slots_thoroughly(subject: Callable) -> None:
                                      {"free_skipped_blocks": hybrid_cache.free_skipped_blocks})
 
 
-# --- sliding_window_kernel --------------------------------------------------------------------
+# --- window_first_key -------------------------------------------------------------------------
 
 _WINDOW_MISTAKES = {
-    "whole": "It attends to every earlier token: the query sees only the last window tokens, "
-             "so mask the positions before max(seq_len - window, 0), in the window's first "
-             "block too. ",
-    "short": "Off by one: the window holds window tokens, the query's own included: positions "
-             "seq_len - window to seq_len - 1. ",
-    "long": "Off by one: the window holds window tokens, the query's own included: positions "
-            "seq_len - window to seq_len - 1. ",
+    "whole": "It matches every query seeing all its earlier keys: a window sees only its last "
+             "window keys, from max(context - window, 0) on. ",
+    "short": "It matches each query seeing window - 1 keys: the window holds window keys, the "
+             "query's own included, so the first is context - window (context = position + "
+             "1), not context - window + 1. ",
+    "long": "It matches each query seeing window + 1 keys: the window holds window keys, the "
+            "query's own included, so the first is context - window, not context - window - "
+            "1. ",
 }
 
 
-def window_answers(lengths, block_size, q_heads, kv_heads, window, head_dim, dtype,
+def window_answers(q_lens, seq_lens, block_size, q_heads, kv_heads, window, head_dim, dtype,
                    seed) -> dict:
-    """The case's output, sequence by sequence over the keys of the positions its window
+    """The case's output, query token by query token over the keys of the positions its window
     sees (float64, from the keys as written, not through the table), and what each known
-    mistake gives (None where it agrees with the right answer)."""
-    case = WindowCase(lengths, block_size, q_heads, kv_heads, window, head_dim, dtype, seed)
+    mistake gives (None where it agrees with the right answer; a row NaN where the mistake
+    sees no key)."""
+    case = WindowCase(q_lens, seq_lens, block_size, q_heads, kv_heads, window, head_dim, dtype,
+                      seed)
     group = q_heads // kv_heads
     seen = {"want": window, "whole": None, "short": window - 1, "long": window + 1}
     answers: dict = {"mistakes": _WINDOW_MISTAKES}
     for kind, width in seen.items():
         rows = []
-        for seq, length in enumerate(lengths):
-            first = 0 if width is None else max(0, length - width)
-            keys, values = case.keys[seq][first:].double(), case.values[seq][first:].double()
-            query = case.query[seq].double().cpu()
-            row = torch.zeros(q_heads, head_dim, dtype=torch.float64)
-            for head in range(q_heads if length else 0):
+        for token, (request, position) in enumerate(case.positions()):
+            first = 0 if width is None else max(0, position + 1 - width)
+            keys = case.keys[request][first:position + 1].double()
+            values = case.values[request][first:position + 1].double()
+            query = case.query[token].double().cpu()
+            row = torch.full((q_heads, head_dim), float("nan"), dtype=torch.float64)
+            for head in range(q_heads if len(keys) else 0):
                 weights = torch.softmax(keys[:, head // group] @ query[head] * case.scale, 0)
                 row[head] = weights @ values[:, head // group]
             rows.append(row)
         answers[kind] = torch.stack(rows).to(case.dtype)
     for kind in _WINDOW_MISTAKES:
-        if torch.equal(answers[kind], answers["want"]):
+        if torch.equal(answers[kind].nan_to_num(7.0), answers["want"].nan_to_num(7.0)):
             answers[kind] = None
     return answers
 
 
 _WINDOW_CASES = [
-    dict(lengths=[1, 2, 5, 9], block_size=1, q_heads=2, kv_heads=2, window=3, head_dim=8),
-    dict(lengths=[20, 7, 33], block_size=4, q_heads=4, kv_heads=1, window=1, head_dim=24),
-    dict(lengths=[40, 17, 16, 0], block_size=16, q_heads=8, kv_heads=2, window=16,
-         head_dim=16),
-    dict(lengths=[30, 31, 29], block_size=2, q_heads=6, kv_heads=3, window=9, head_dim=20,
-         dtype="float16"),
-    dict(lengths=[50, 3], block_size=8, q_heads=4, kv_heads=4, window=100, head_dim=32),
-    dict(lengths=[26, 13], block_size=4, q_heads=4, kv_heads=2, window=7, head_dim=12,
-         dtype="float16"),
+    dict(q_lens=[1, 2, 5, 9], seq_lens=[1, 2, 5, 9], block_size=1, q_heads=2, kv_heads=2,
+         window=3, head_dim=8),
+    dict(q_lens=[1, 7, 5], seq_lens=[20, 7, 33], block_size=4, q_heads=4, kv_heads=1,
+         window=1, head_dim=24),
+    dict(q_lens=[1, 17, 16, 1], seq_lens=[40, 17, 16, 1], block_size=16, q_heads=8,
+         kv_heads=2, window=16, head_dim=16),
+    dict(q_lens=[3, 1, 29], seq_lens=[30, 31, 29], block_size=2, q_heads=6, kv_heads=3,
+         window=9, head_dim=20, dtype="float16"),
+    dict(q_lens=[1, 3], seq_lens=[50, 3], block_size=8, q_heads=4, kv_heads=4, window=100,
+         head_dim=32),
+    dict(q_lens=[6, 13], seq_lens=[26, 13], block_size=4, q_heads=4, kv_heads=2, window=7,
+         head_dim=12, dtype="float16"),
 ]
 _GPU_CASES = [  # bf16 (the interpreter has no bf16 arithmetic), and production shapes:
     # gpt-oss's sliding layers (window 128, head_dim 64, GQA 8), Gemma 3's (window 1024)
-    dict(lengths=[26, 13], block_size=4, q_heads=4, kv_heads=2, window=7, head_dim=12,
-         dtype="bfloat16"),
-    dict(lengths=[4096, 130, 127, 1], block_size=16, q_heads=64, kv_heads=8, window=128,
-         head_dim=64, dtype="bfloat16"),
-    dict(lengths=[2048, 1500], block_size=16, q_heads=32, kv_heads=16, window=1024,
-         head_dim=128, dtype="float16"),
+    dict(q_lens=[6, 13], seq_lens=[26, 13], block_size=4, q_heads=4, kv_heads=2, window=7,
+         head_dim=12, dtype="bfloat16"),
+    dict(q_lens=[1, 130, 1, 1], seq_lens=[4096, 130, 127, 1], block_size=16, q_heads=64,
+         kv_heads=8, window=128, head_dim=64, dtype="bfloat16"),
+    dict(q_lens=[512, 1], seq_lens=[2048, 1500], block_size=16, q_heads=32, kv_heads=16,
+         window=1024, head_dim=128, dtype="float16"),
 ]
 
 
 @thorough
-def check_sliding_window_kernel_thoroughly(fn: Callable) -> None:
+def check_window_first_key_thoroughly(fn: Callable) -> None:
     """Blocks of 1, windows of 1 and past every length, MQA and GQA, head sizes 8 to 32, fp16,
-    lengths on either side of a block and a window; on a GPU, bf16 and gpt-oss's and Gemma
-    3's sliding-layer shapes too."""
+    prompts shorter than their window, chunks and decodes on either side of a block and a
+    window; on a GPU, bf16 and gpt-oss's and Gemma 3's sliding-layer shapes too."""
     for spec in [WINDOW_CASE, *_WINDOW_CASES, *(_GPU_CASES if on_gpu() else [])]:
         case, answers = window_case(**spec)
         run_window_kernel(fn, case, answers)

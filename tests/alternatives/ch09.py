@@ -73,18 +73,19 @@ def varlen_paged_attention(query, k_cache, v_cache, query_start_loc, seq_lens, b
 
 @triton.jit
 def varlen_attention_kernel(out_ptr, query_ptr, k_cache_ptr, v_cache_ptr, query_start_loc_ptr,
-                            seq_lens_ptr, block_tables_ptr, token_seqs_ptr, scale,
+                            seq_lens_ptr, block_tables_ptr, token_seqs_ptr, scale, window,
                             stride_q_token, stride_q_head, stride_kv_block, stride_kv_token,
                             stride_kv_head, stride_table_seq, GROUP: tl.constexpr,
                             GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                             BLOCK_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            HEAD_PAD: tl.constexpr):
+                            HEAD_PAD: tl.constexpr, FIRST_KEY: tl.constexpr):
     # one query head at a time, a whole block's keys by broadcast products, exp2
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(token_seqs_ptr + token)
     last = tl.load(query_start_loc_ptr + seq + 1)
     sees = tl.load(seq_lens_ptr + seq) - (last - token) + 1
+    lowest = FIRST_KEY(sees, window)
     d = tl.arange(0, HEAD_PAD)
     d_ok = d < HEAD_DIM
     s = tl.arange(0, BLOCK_PAD)
@@ -95,9 +96,10 @@ def varlen_attention_kernel(out_ptr, query_ptr, k_cache_ptr, v_cache_ptr, query_
         best = tl.max(tl.full([BLOCK_PAD], float("-inf"), tl.float32), axis=0)
         norm = tl.sum(tl.zeros([BLOCK_PAD], tl.float32), axis=0)
         acc = tl.zeros([HEAD_PAD], tl.float32)
-        for b in range(0, (sees + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        for b in range(lowest // BLOCK_SIZE, (sees + BLOCK_SIZE - 1) // BLOCK_SIZE):
             phys = tl.load(block_tables_ptr + seq * stride_table_seq + b).to(tl.int64)
-            ok = (s < BLOCK_SIZE) & (b * BLOCK_SIZE + s < sees)
+            key = b * BLOCK_SIZE + s
+            ok = (s < BLOCK_SIZE) & (key >= lowest) & (key < sees)
             where = (phys * stride_kv_block + s[:, None] * stride_kv_token
                      + kv_head * stride_kv_head + d[None, :])
             both = ok[:, None] & d_ok[None, :]

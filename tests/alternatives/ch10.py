@@ -1,7 +1,7 @@
 """Chapter 10 solved another way: bytes counted layer by layer, slots tested position by
 position, hits found by trying every length from the longest down, a step's blocks counted
-before anything changes but the freed ones, and the window's attention in two passes (the
-scores' maximum, then the weighted sum) instead of an online softmax."""
+before anything changes but the freed ones, and the window's first key as the keys it has
+left behind."""
 
 from __future__ import annotations
 
@@ -108,59 +108,6 @@ ALTERNATIVES = [HybridBlockManager]
 
 
 @triton.jit
-def sliding_window_kernel(
-    out_ptr, query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, scale,
-    window,
-    stride_q_seq, stride_q_head,
-    stride_kv_block, stride_kv_token, stride_kv_head,
-    stride_table_seq,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
-):
-    # two passes over the window's blocks: the scores' maximum first, then the weighted sum
-    seq, kv_head = tl.program_id(0), tl.program_id(1)
-    group_rows = tl.arange(0, GROUP_PAD)
-    dims = tl.arange(0, HEAD_PAD)
-    slots = tl.arange(0, BLOCK_SIZE)
-    q_ptrs = (query_ptr + seq * stride_q_seq + (kv_head * GROUP + group_rows)[:, None]
-              * stride_q_head + dims[None, :])
-    q_ok = (group_rows < GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
-    q = tl.load(q_ptrs, mask=q_ok, other=0.0).to(tl.float32)
-    end = tl.load(seq_lens_ptr + seq)
-    start = end - window
-    start = tl.where(start > 0, start, 0)
-    lo = start // BLOCK_SIZE
-    hi = (end + BLOCK_SIZE - 1) // BLOCK_SIZE
-    row = block_tables_ptr + seq * stride_table_seq
-
-    best = tl.zeros([GROUP_PAD], tl.float32) - float("inf")
-    for b in range(lo, hi):
-        physical = tl.load(row + b).to(tl.int64)
-        where = b * BLOCK_SIZE + slots
-        seen = (where >= start) & (where < end)
-        k = tl.load(k_cache_ptr + physical * stride_kv_block + slots[:, None] * stride_kv_token
-                    + kv_head * stride_kv_head + dims[None, :],
-                    mask=seen[:, None] & (dims < HEAD_DIM)[None, :], other=0.0).to(tl.float32)
-        s = tl.where(seen[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-        best = tl.maximum(best, tl.max(s, axis=1))
-
-    norm = tl.zeros([GROUP_PAD], tl.float32)
-    summed = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
-    for b in range(lo, hi):
-        physical = tl.load(row + b).to(tl.int64)
-        where = b * BLOCK_SIZE + slots
-        seen = (where >= start) & (where < end)
-        base = (physical * stride_kv_block + slots[:, None] * stride_kv_token
-                + kv_head * stride_kv_head + dims[None, :])
-        kv_ok = seen[:, None] & (dims < HEAD_DIM)[None, :]
-        k = tl.load(k_cache_ptr + base, mask=kv_ok, other=0.0).to(tl.float32)
-        v = tl.load(v_cache_ptr + base, mask=kv_ok, other=0.0).to(tl.float32)
-        s = tl.where(seen[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-        p = tl.exp(s - best[:, None])
-        norm += tl.sum(p, axis=1)
-        summed += tl.dot(p, v)
-
-    result = tl.where(norm[:, None] > 0, summed / tl.where(norm > 0, norm, 1.0)[:, None], 0.0)
-    out_ptrs = (out_ptr + seq * stride_q_seq + (kv_head * GROUP + group_rows)[:, None]
-                * stride_q_head + dims[None, :])
-    tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=q_ok)
+def window_first_key(context, window):
+    # the keys the window has left behind: none while the request is no longer than it
+    return context - tl.minimum(context, window)

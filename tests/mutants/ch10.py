@@ -242,40 +242,25 @@ _no_bad_step_check = _named("_no_bad_step_check", _allocation(validate=False))
 _returns_none_when_made = _named("_returns_none_when_made", _allocation(returns=False))
 
 
-# --- sliding_window_kernel --------------------------------------------------------------------
+# --- window_first_key -------------------------------------------------------------------------
 
-def _mutant(name: str, old: str, new: str):
-    """The course's kernel with ``old`` replaced by ``new``, renamed ``name``."""
-    from kernels.sliding_window_attention import sliding_window_kernel
+def _first_key(name: str, new: str):
+    """The course's ``window_first_key`` returning ``new``, renamed ``name``."""
+    from kernels.sliding_window_attention import window_first_key
 
-    return kernel_mutant(sliding_window_kernel, name, old, new)
-
-
-_FIRST = "first = tl.maximum(seq_len - window, 0)"
-_LOOP = "range(first // BLOCK_SIZE, tl.cdiv(seq_len, BLOCK_SIZE))"
-_VALID = "valid = (positions >= first) & (positions < seq_len)"
+    return kernel_mutant(window_first_key, name, "tl.maximum(context - window, 0)", new)
 
 
-def _kernels() -> list:
+def _first_keys() -> list:
     return [
-        (_mutant("loops_from_block_0", _LOOP, "range(0, tl.cdiv(seq_len, BLOCK_SIZE))"),
-         "before the entries it needs"),
-        (_mutant("no_mask_before_the_window", _VALID, "valid = positions < seq_len"),
-         "masks the positions before first"),
-        (_mutant("every_earlier_token", _FIRST, "first = seq_len * 0"),
-         "NaN: the kernel read a slot no token was written to"),
-        (_mutant("window_one_short", _FIRST, "first = tl.maximum(seq_len - window + 1, 0)"),
-         "Off by one"),
-        (_mutant("window_one_long", _FIRST, "first = tl.maximum(seq_len - window - 1, 0)"),
-         "before the entries it needs"),
-        (_mutant("no_zeros_for_an_empty_sequence",
-                 "out = acc / tl.where(total > 0, total, 1.0)[:, None]",
-                 "out = acc / total[:, None]"),
-         "NaN"),
-        (_mutant("stores_the_padded_rows",
-                 "out.to(out_ptr.dtype.element_ty), mask=q_mask)",
-                 "out.to(out_ptr.dtype.element_ty), mask=in_head[None, :])"),
-         "belongs to another program"),
+        (_first_key("every_earlier_key", "context * 0"), "never before the window"),
+        (_first_key("window_one_short", "tl.maximum(context - window + 1, 0)"),
+         "It matches each query seeing window - 1 keys"),
+        (_first_key("window_one_long", "tl.maximum(context - window - 1, 0)"),
+         "never before the window"),
+        (_first_key("below_zero_for_a_short_request", "context - window"), "never below 0"),
+        (_first_key("the_smaller_of_the_two", "tl.minimum(context - window, 0)"),
+         "never before the window"),
     ]
 
 
@@ -320,7 +305,7 @@ MUTANTS = {
         (_no_bad_step_check, "expected it to raise ValueError"),
         (_returns_none_when_made, "returned None, expected True"),
     ],
-    "sliding_window_kernel": _kernels(),
+    "window_first_key": _first_keys(),
 }
 
 RULES = [
@@ -371,16 +356,10 @@ RULES = [
     Rule("num_computed < 0 or num_new < 1: ValueError.", "allocate_slots",
          ("_no_bad_step_check",)),
     Rule("and return True.", "allocate_slots", ("_returns_none_when_made",)),
-    Rule("It sees positions first = max(seq_len - window, 0) to seq_len - 1",
-         "sliding_window_kernel",
-         ("every_earlier_token", "window_one_short", "window_one_long")),
-    Rule("the block loop starts at the window's first block, first // BLOCK_SIZE, so a table "
-         "entry before it (the null block) is never read", "sliding_window_kernel",
-         ("loops_from_block_0",)),
-    Rule("in that first block the positions before first are masked out",
-         "sliding_window_kernel", ("no_mask_before_the_window",)),
-    Rule("a sequence of length 0 gets zeros", "sliding_window_kernel",
-         ("no_zeros_for_an_empty_sequence",)),
-    Rule("only the GROUP real rows of a program's tile are stored", "sliding_window_kernel",
-         ("stores_the_padded_rows",)),
+    Rule("the window holds window keys, its own included", "window_first_key",
+         ("window_one_short", "window_one_long")),
+    Rule("sees only its last window keys", "window_first_key",
+         ("every_earlier_key", "the_smaller_of_the_two")),
+    Rule("or 0 while the request is shorter than its window", "window_first_key",
+         ("below_zero_for_a_short_request",)),
 ]
