@@ -60,6 +60,12 @@ SLOTS_IN_THE_PASS = (
     "A request was preempted that the rules keep: a running request takes its slots in the "
     "pass over running requests, when the pass reaches it with budget left; one the budget "
     "does not reach this step takes no slot, and so makes no one preempted. ")
+PASS_GOES_ON = (
+    "A running request the rules schedule got nothing after another one preempted: "
+    "preempting the newest running request frees its blocks and ends nothing; the request "
+    "that needed them gets its slot, and the pass goes on to the next running request while "
+    "budget is left. Only a request that had to preempt itself (it was the newest) ends the "
+    "pass. ")
 MAX_STEPS = 400
 
 
@@ -150,6 +156,11 @@ def diagnose(before: dict, plan: Schedule, seen: dict, budget: int, want: dict) 
     if set(seen["preempted"]) - set(want["preempted"]) and \
             sum(n for _, _, n in want["chunks"]) == budget:
         return SLOTS_IN_THE_PASS
+    scheduled = {i for i, _, _ in chunks}
+    if seen["preempted"] == want["preempted"] and any(
+            i not in scheduled and i not in seen["preempted"] and before.get(i, (0, 0, 0))[2]
+            for i, _, _ in want["chunks"]):
+        return PASS_GOES_ON
     return ""
 
 

@@ -166,6 +166,11 @@ RARE_SCENARIOS = [
     {"num_blocks": 14, "block_size": 1, "budget": 5, "max_num_seqs": 2,
      "requests": [([5, 2], 6, 3), ([1, 3, 2, 0, 2, 0, 4], 2, 3), ([0, 4, 4, 5, 1, 8], 5, 1)],
      "budget_from": {9: 1}},
+    # step 2: request 0's new token needs the last block, so request 1 (the newest) is
+    # preempted; request 2, between them, still gets its decode: preempting another request
+    # ends nothing
+    {"num_blocks": 11, "block_size": 1, "budget": 4, "max_num_seqs": 3,
+     "requests": [([0, 0, 0, 0, 0], 5, 0), ([1, 0, 0, 0, 0], 1, 1), ([0], 2, 0)]},
 ]
 
 

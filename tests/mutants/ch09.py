@@ -12,7 +12,7 @@ from mutants import Rule, kernel_mutant
 
 def _scheduler_with(prefill_first=False, clip_budget=True, clip_remaining=True,
                     whole_hit=False, reset=True, admit_after_preemption=False,
-                    slots_before_budget=False):
+                    slots_before_budget=False, stop_after_preempting_another=False):
     """The scheduling step with one rule misread."""
 
     def schedule_step(scheduler):
@@ -47,7 +47,7 @@ def _scheduler_with(prefill_first=False, clip_budget=True, clip_remaining=True,
         def running():
             if slots_before_budget:
                 every_slot_first()
-            index = 0
+            index, preempted_another = 0, False
             while index < len(scheduler.running) and budget[0] > 0:
                 request = scheduler.running[index]
                 try:
@@ -61,12 +61,15 @@ def _scheduler_with(prefill_first=False, clip_budget=True, clip_remaining=True,
                         victim.num_computed_tokens = 0
                     scheduler.waiting.appendleft(victim)
                     plan.preempted.append(victim.id)
+                    preempted_another = victim is not request
                     continue
                 left = request.num_tokens - request.num_computed_tokens
                 if not clip_remaining:
                     left = request.num_tokens
                 run(request, left)
                 index += 1
+                if stop_after_preempting_another and preempted_another:
+                    break  # as if preempting anyone ended the pass
 
         def waiting():
             while ((admit_after_preemption or not plan.preempted) and scheduler.waiting
@@ -205,6 +208,9 @@ MUTANTS = {
          "no waiting request is admitted in that step"),
         (_named(_scheduler_with(slots_before_budget=True), "_slots_before_the_budget_pass"),
          "the budget does not reach this step takes no slot"),
+        (_named(_scheduler_with(stop_after_preempting_another=True),
+                "_pass_ends_after_preempting_another"),
+         "Only a request that had to preempt itself (it was the newest) ends the pass"),
     ],
     "varlen_paged_attention": [
         (_named(_attention_with(lambda start, q_len, n, j: n), "_no_causal_mask"),
@@ -237,6 +243,9 @@ RULES = [
     Rule("while the budget is above 0. First every token of the request without a slot gets "
          "one", "schedule_step", ("_slots_before_the_budget_pass",)),
     Rule("takes n from the budget", "schedule_step", ("_budget_overrun",)),
+    Rule("Preempting another request ends nothing: this request gets its slot and the pass "
+         "goes on to the next running request.", "schedule_step",
+         ("_pass_ends_after_preempting_another",)),
     Rule("Then schedule min(request.num_tokens - request.num_computed_tokens, budget) tokens",
          "schedule_step", ("_chunk_not_clipped_to_the_prompt",)),
     Rule("chapter 4's allocate never counts the block that holds the last token",
