@@ -59,8 +59,8 @@ class HybridBlockManager:
            (``free_skipped_blocks``), giving them back with ``self._give_back(blocks)``.
         3. ``self.blocks_to_allocate(request, num_computed + num_new)`` says how many new
            blocks each group needs. If together they are more than ``self.num_free()``,
-           return ``False``: no new block is taken, and a request seen for the first time
-           gets no tables.
+           return ``False``: no new block is taken (the blocks step 2 gave back stay given
+           back), and a request seen for the first time gets no tables.
         4. Else take them, one ``self._take()`` per block, each appended to its group's
            table (``self.tables[request]``: one list per group, made empty for a new
            request), and return ``True``.

@@ -44,8 +44,9 @@ HYBRID_HIT_IDEA = ("The hit is the longest length every group accepts at that le
                    "stops before the last token (which is always computed): shorten it group "
                    "by group until a whole pass changes nothing.")
 ALLOCATE_IDEA = ("First each sliding-window group gives back the blocks its window left behind "
-                 "once num_computed tokens are computed; then every group's new blocks are "
-                 "taken together, or none of them (False).")
+                 "once num_computed tokens are computed (they stay given back, even when the "
+                 "step then returns False); then every group's new blocks are counted against "
+                 "the free blocks and taken together, or none of them (False).")
 WINDOW_KEY_IDEA = ("A query at position p has context = p + 1 keys up to its own, 0 .. p, and "
                    "its window sees the last window of them, its own included: the first is "
                    "max(context - window, 0). Chapter 9's kernel starts its block loop at that "
@@ -200,10 +201,12 @@ def check_request_bytes(fn: Callable) -> None:
 
 @visible
 def check_free_skipped_blocks(fn: Callable) -> None:
-    """Window 6, blocks of 4, table [3, 5, 8, 9]: 13 tokens computed free 3 and 5; 9 free 3;
-    4 free none; [0, 5, 8, 9] at 13 frees 5; a window of 1 in blocks of 1."""
-    cases = [_free([3, 5, 8, 9], 13, 6, 4), _free([3, 5, 8, 9], 9, 6, 4),
-             _free([3, 5, 8, 9], 4, 6, 4), _free([0, 5, 8, 9], 13, 6, 4),
+    """Window 6, blocks of 4, table [3, 5, 8, 9]: 13 tokens computed free 3 and 5; 11 free 3
+    (the window still sees 2 of block 1's tokens); 9 free 3; 4 free none; [0, 5, 8, 9] at 13
+    frees 5; [3, 0, 8, 9] at 13 frees 3; a window of 1 in blocks of 1."""
+    cases = [_free([3, 5, 8, 9], 13, 6, 4), _free([3, 5, 8, 9], 11, 6, 4),
+             _free([3, 5, 8, 9], 9, 6, 4), _free([3, 5, 8, 9], 4, 6, 4),
+             _free([0, 5, 8, 9], 13, 6, 4), _free([3, 0, 8, 9], 13, 6, 4),
              _free([4, 1, 6], 2, 1, 1)]
     expect_cases(freeing(fn), cases, private("10").free_case, FREE_IDEA,
                  promise=FREED_AND_TABLE)
@@ -242,14 +245,24 @@ ALLOCATION = ((6, None), 4, 10, [
 ])
 
 
+# Where the window's blocks decide: a pool of 3 blocks (and the null block), blocks of 1, a
+# window of 1 beside full attention: the second step fits only with the block it frees; with a
+# second full group it does not fit, and the freed block stays freed.
+FREED_DECIDES = [((None, 1), 1, 4, [("allocate", 0, 0, 1), ("allocate", 0, 1, 1)]),
+                 ((None, None, 1), 1, 4, [("allocate", 0, 0, 1), ("allocate", 0, 1, 1)])]
+
+
 @visible
 def check_allocate_slots(subject: Callable) -> None:
     """Windows (6, None), blocks of 4, a pool of 10: a 9-token prompt (3 blocks in each
     group), decodes until the window frees blocks, a second request that does not fit
-    (False, nothing taken), bad arguments (ValueError), then free."""
-    windows, block_size, num_blocks, steps = ALLOCATION
-    expected = private("10").allocation_outcomes(windows, block_size, num_blocks, steps)
-    run_steps("allocate_slots", subject, windows, block_size, num_blocks, steps, expected)
+    (False, nothing taken), bad arguments (ValueError), then free. Then two steps whose fit
+    the window's freed block decides: one that fits only with it, one that does not fit
+    even so (the block stays freed)."""
+    for windows, block_size, num_blocks, steps in [ALLOCATION, *FREED_DECIDES]:
+        expected = private("10").allocation_outcomes(windows, block_size, num_blocks, steps)
+        run_steps("allocate_slots", subject, windows, block_size, num_blocks, steps,
+                  expected)
 
 
 # --- window_first_key -------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from autograder.checks.ch10 import (
     BYTES_IDEA,
     FREE_IDEA,
     FREED_AND_TABLE,
+    FREED_DECIDES,
     HYBRID_HIT_IDEA,
     SLIDING_HIT_IDEA,
     WINDOW_CASE,
@@ -155,6 +156,18 @@ def _free_with(whole: Callable[[int, int, int], int], keep_null: bool = True,
     return wrong
 
 
+def _free_back_to_the_first_null(table, num_computed, window, block_size):
+    """From the last skipped block back to the first null slot met."""
+    count = min(_skipped(num_computed, window) // block_size, len(table))
+    freed, after = [], list(table)
+    for index in range(count - 1, -1, -1):
+        if table[index] == hybrid_cache.NULL_BLOCK:
+            break
+        freed.insert(0, table[index])
+        after[index] = hybrid_cache.NULL_BLOCK
+    return freed, after
+
+
 _FREE_MISTAKES = [
     (_free_with(lambda n, w, b: -(-_skipped(n, w) // b)),
      "A block goes back only when all its tokens are out of the window: a block the window "
@@ -173,6 +186,11 @@ _FREE_MISTAKES = [
      "freed."),
     (_free_with(lambda n, w, b: _skipped(n, w) // b, keep_null=False),
      "The table itself changes: each freed block's slot holds the null block."),
+    (_free_back_to_the_first_null,
+     "Every skipped block goes back, wherever a null block stands among them: a null slot "
+     "gives nothing, and the blocks before it still go. (vLLM's remove_skipped_blocks may "
+     "stop at the first null it meets walking back, since its null blocks only ever stand at "
+     "the front of a table; this function's contract is every block.)"),
 ]
 
 
@@ -190,8 +208,10 @@ def _freeing_cases(draw):
                             st.integers(1, 40)))
     length = draw(st.integers(0, 12))
     blocks = draw(st.lists(st.integers(1, 500), min_size=length, max_size=length, unique=True))
-    nulls = draw(st.integers(0, length))
-    table = [hybrid_cache.NULL_BLOCK] * nulls + blocks[nulls:]
+    nulls = draw(st.integers(0, length))  # a run from the front, as a hit leaves them
+    scattered = draw(st.sets(st.integers(0, max(length - 1, 0)), max_size=2))
+    table = [hybrid_cache.NULL_BLOCK if i < nulls or i in scattered else block
+             for i, block in enumerate(blocks)]
     k = draw(st.integers(0, length + 1))
     edge = k * block_size + window - 1  # the first block's last token leaves the window here
     computed = draw(st.one_of(st.sampled_from([max(0, edge - 1), edge, edge + 1]),
@@ -201,8 +221,8 @@ def _freeing_cases(draw):
 
 @thorough
 def check_free_skipped_blocks_thoroughly(fn: Callable) -> None:
-    """Drawn tables (null blocks already in place), windows and block sizes, lengths on
-    either side of each block boundary."""
+    """Drawn tables (null blocks already in place, at the front and anywhere), windows and
+    block sizes, lengths on either side of each block boundary."""
     for_all(_freeing_cases(), lambda case: expect_cases(
         freeing(fn), [case], free_case, FREE_IDEA, promise=FREED_AND_TABLE))
 
@@ -477,6 +497,8 @@ def check_allocate_slots_thoroughly(subject: Callable) -> None:
     ``free_skipped_blocks`` lent to its ``allocate_slots``."""
 
     def check(pool: Callable) -> None:
+        for run in FREED_DECIDES:  # drawn runs seldom reach a step its freed blocks decide
+            _check_run(pool, run)
         for_all(_runs(), lambda run: _check_run(pool, run), max_examples=200)
 
     method = vars(subject).get("allocate_slots") if isinstance(subject, type) else None

@@ -89,6 +89,17 @@ def _new_table_not_the_given_one(table, num_computed, window, block_size):
     return freed
 
 
+def _stops_at_the_first_null(table, num_computed, window, block_size):
+    freed = []
+    for index in range(min(skipped_tokens(num_computed, window) // block_size, len(table)) - 1,
+                       -1, -1):
+        if table[index] == NULL_BLOCK:
+            break  # as if nulls only ever stood at the front
+        freed.insert(0, table[index])
+        table[index] = NULL_BLOCK
+    return freed
+
+
 def _returns_nothing(table, num_computed, window, block_size):
     whole = min(skipped_tokens(num_computed, window) // block_size, len(table))
     table[:whole] = [NULL_BLOCK] * whole
@@ -201,7 +212,7 @@ def _full_attention_groups_only(groups, num_tokens, block_size):
 
 def _allocation(free_skipped: bool = True, give_back: bool = True, computed_after: bool = False,
                 all_or_none: bool = True, per_group: bool = False, validate: bool = True,
-                returns: bool = True):
+                returns: bool = True, count_first: bool = False, undo_frees: bool = False):
     """``allocate_slots`` written with one of the rules broken."""
     from course.hybrid_cache import free_skipped_blocks
 
@@ -209,16 +220,27 @@ def _allocation(free_skipped: bool = True, give_back: bool = True, computed_afte
         if validate and (num_computed < 0 or num_new < 1):
             raise ValueError("bad step")
         tables = self.tables.get(request) or [[] for _ in self.windows]
+        if count_first and sum(self.blocks_to_allocate(request, num_computed + num_new)) > \
+                self.num_free():
+            return False  # counted before the window's blocks went back
+        before = [list(table) for table in tables]
+        freed_all = []
         for table, window in zip(tables, self.windows, strict=True):
             if window is not None and free_skipped:
                 seen = num_computed + num_new if computed_after else num_computed
                 freed = free_skipped_blocks(table, seen, window, self.block_size)
+                freed_all += freed
                 if give_back:
                     self._give_back(freed)
         needed = self.blocks_to_allocate(request, num_computed + num_new)
         fits = (all(count <= self.num_free() for count in needed) if per_group
                 else sum(needed) <= self.num_free())
         if all_or_none and not fits:
+            if undo_frees:  # as if a refused step changed nothing at all
+                for table, old in zip(tables, before, strict=True):
+                    table[:] = old
+                for block in freed_all:
+                    self.free_blocks.remove(block)
             return False
         self.tables[request] = tables
         for table, count in zip(tables, needed, strict=True):
@@ -240,6 +262,9 @@ _takes_what_fits = _named("_takes_what_fits", _allocation(all_or_none=False))
 _counts_each_group_alone = _named("_counts_each_group_alone", _allocation(per_group=True))
 _no_bad_step_check = _named("_no_bad_step_check", _allocation(validate=False))
 _returns_none_when_made = _named("_returns_none_when_made", _allocation(returns=False))
+_counts_before_freeing = _named("_counts_before_freeing", _allocation(count_first=True))
+_undoes_the_frees_when_refused = _named("_undoes_the_frees_when_refused",
+                                        _allocation(undo_frees=True))
 
 
 # --- window_first_key -------------------------------------------------------------------------
@@ -280,6 +305,7 @@ MUTANTS = {
         (_frees_the_null_block, "the null block is never freed"),
         (_new_table_not_the_given_one, "The table itself changes"),
         (_returns_nothing, "(Shown: the blocks returned, then the table after the call.)"),
+        (_stops_at_the_first_null, "wherever a null block stands among them"),
     ],
     "sliding_window_hit": [
         (_reads_left_to_right, "That is full attention's hit"),
@@ -297,6 +323,8 @@ MUTANTS = {
         (_full_attention_groups_only, "Every group must accept the hit"),
     ],
     "allocate_slots": [
+        (_counts_before_freeing, "First each sliding-window group gives back"),
+        (_undoes_the_frees_when_refused, "they stay given back"),
         (_never_frees_skipped_blocks, "expected 3 slots, null at [0]"),
         (_nulls_without_giving_back, "blocks free, expected"),
         (_frees_for_the_new_tokens, "once num_computed tokens are computed"),
@@ -326,6 +354,8 @@ RULES = [
          "free_skipped_blocks", ("_shortens_the_table",)),
     Rule("A slot that already holds the null block gives nothing back.", "free_skipped_blocks",
          ("_frees_the_null_block",)),
+    Rule("in place of every block whose tokens the window no longer sees",
+         "free_skipped_blocks", ("_stops_at_the_first_null",)),
     Rule("it changes the table itself and returns the blocks it took out, in table order.",
          "free_skipped_blocks", ("_new_table_not_the_given_one", "_returns_nothing")),
     Rule("a sliding window reads only the window - 1 tokens before L: it needs the ceil((window "
@@ -356,6 +386,10 @@ RULES = [
     Rule("num_computed < 0 or num_new < 1: ValueError.", "allocate_slots",
          ("_no_bad_step_check",)),
     Rule("and return True.", "allocate_slots", ("_returns_none_when_made",)),
+    Rule("Before counting, each sliding-window group gives back the blocks its window left "
+         "behind", "allocate_slots", ("_counts_before_freeing",)),
+    Rule("Those blocks stay given back even when the step then returns False",
+         "allocate_slots", ("_undoes_the_frees_when_refused",)),
     Rule("the window holds window keys, its own included", "window_first_key",
          ("window_one_short", "window_one_long")),
     Rule("sees only its last window keys", "window_first_key",
