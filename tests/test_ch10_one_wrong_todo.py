@@ -1,8 +1,7 @@
 """One bug costs one TODO in chapter 10: a notebook right but for ``sliding_window_hit`` keeps
-``hybrid_hit``'s hidden points, and one right but for ``free_skipped_blocks`` keeps
-``allocate_slots``'s, since each hidden check lends the course's version of the TODO it builds
-on where the learner's fails; their visible checks, which lend nothing, fail where the earlier
-TODO's bug reaches them."""
+``hybrid_hit``'s points, visible and hidden, and one right but for ``free_skipped_blocks`` keeps
+``allocate_slots``'s, since each check lends the course's version of the TODO it builds on
+where the learner's fails; without the lending, the earlier TODO's bug reaches them."""
 
 from __future__ import annotations
 
@@ -10,8 +9,8 @@ import pytest
 from mutants.ch10 import MUTANTS
 
 from autograder.checks import ch10 as visible
+from autograder.checks._lending import with_globals
 from autograder.hidden import ch10 as hidden
-from autograder.hidden._lending import with_globals
 from course import hybrid_cache
 from course.hybrid_manager import HybridBlockManager
 
@@ -33,6 +32,7 @@ def _reached(check, subject) -> bool:
 @pytest.mark.parametrize("mutant", _ids("sliding_window_hit"))
 def test_a_wrong_sliding_window_hit_costs_hybrid_hit_nothing(mutant):
     hybrid_hit = with_globals(hybrid_cache.hybrid_hit, {"sliding_window_hit": mutant})
+    visible.check_hybrid_hit(hybrid_hit)
     hidden.check_hybrid_hit_thoroughly(hybrid_hit)
 
 
@@ -42,16 +42,27 @@ def test_a_wrong_free_skipped_blocks_costs_allocate_slots_nothing(mutant):
     allocate_slots = with_globals(HybridBlockManager.allocate_slots,
                                   {"free_skipped_blocks": mutant})
     pool = type("HybridBlockManager", (HybridBlockManager,), {"allocate_slots": allocate_slots})
+    visible.check_allocate_slots(pool)
     hidden.check_allocate_slots_thoroughly(pool)
 
 
-def test_the_earlier_todos_bugs_do_reach_the_later_visible_checks():
-    """Without the lending, most of these mutants make the later TODO fail: the hidden checks'
-    lending is what keeps its points."""
-    hits = [_reached(visible.check_hybrid_hit,
+def _hybrid_hit_unlent(fn) -> None:
+    visible.expect_cases(fn, visible.HYBRID_CASES, hidden.hybrid_case,
+                         visible.HYBRID_HIT_IDEA, rel_tol=0, promise=visible.INT)
+
+
+def _allocation_unlent(pool) -> None:
+    for run in [visible.ALLOCATION, *visible.FREED_DECIDES]:
+        visible.run_steps("allocate_slots", pool, *run, hidden.allocation_outcomes(*run))
+
+
+def test_without_the_lending_the_earlier_todos_bugs_reach_the_later_checks():
+    """Else the lending above would be proved on mutants whose bug never reaches the later
+    TODO's cases."""
+    hits = [_reached(_hybrid_hit_unlent,
                      with_globals(hybrid_cache.hybrid_hit, {"sliding_window_hit": m}))
             for m, _ in MUTANTS["sliding_window_hit"]]
-    pools = [_reached(visible.check_allocate_slots, type(
+    pools = [_reached(_allocation_unlent, type(
         "HybridBlockManager", (HybridBlockManager,), {"allocate_slots": with_globals(
             HybridBlockManager.allocate_slots, {"free_skipped_blocks": m})}))
              for m, _ in MUTANTS["free_skipped_blocks"]]

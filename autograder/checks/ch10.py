@@ -11,6 +11,7 @@ holds), and the pool (no block lost, none handed out twice, the null block never
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -18,11 +19,13 @@ import torch
 
 from autograder.checks._contract import INT, LIST_OF_INTS, Promise, Raises, expect_cases
 from autograder.checks._helpers import describe_call, learner_call, not_written
+from autograder.checks._lending import one_bug_one_todo_of_function
 from autograder.checks._memory_audit import MemoryAudit
 from autograder.checks._tensors import expect_attention_output
 from autograder.checks.ch07_audit import quiet
 from autograder.checks.ch09 import kernel_audit
 from autograder.private import private, visible
+from course import hybrid_cache
 from course.hybrid_cache import NULL_BLOCK
 from course.hybrid_manager import HybridBlockManager
 from course.hybrid_models import FULL, HYBRID_MODELS, SLIDING, STATE, HybridModel, LayerGroup
@@ -223,6 +226,15 @@ def check_sliding_window_hit(fn: Callable) -> None:
                  promise=INT)
 
 
+HYBRID_CASES = [
+    _hybrid([({0, 1, 2, 3, 4, 5}, None), ({0, 2, 3, 5}, 6)], 25, 4),
+    _hybrid([({0, 1, 2}, None), ({1, 2, 3}, 6)], 25, 4),
+    _hybrid([({0, 1, 2, 3, 4, 5}, None), ({0, 2, 3, 5}, 6), ({0, 1, 4, 5}, 9)], 25, 4),
+    _hybrid([({0, 1, 2, 3}, None), ({0, 1, 2, 3}, 6)], 16, 4),
+    _hybrid([({2, 3, 6}, 6)], 30, 4),
+]
+
+
 @visible
 def check_hybrid_hit(fn: Callable) -> None:
     """Block size 4, a 25-token request: the picture's groups (full: blocks 0 to 5 cached;
@@ -230,12 +242,13 @@ def check_hybrid_hit(fn: Callable) -> None:
     where the window needs blocks 1 and 2); full: 0 to 5, window 6: 0, 2, 3, 5, window 9:
     0, 1, 4, 5 (each group shortens it in turn, pass after pass). Then a 16-token request,
     every block cached (its last token computed), and one sliding group alone."""
-    cases = [_hybrid([({0, 1, 2, 3, 4, 5}, None), ({0, 2, 3, 5}, 6)], 25, 4),
-             _hybrid([({0, 1, 2}, None), ({1, 2, 3}, 6)], 25, 4),
-             _hybrid([({0, 1, 2, 3, 4, 5}, None), ({0, 2, 3, 5}, 6), ({0, 1, 4, 5}, 9)], 25, 4),
-             _hybrid([({0, 1, 2, 3}, None), ({0, 1, 2, 3}, 6)], 16, 4),
-             _hybrid([({2, 3, 6}, 6)], 30, 4)]
-    expect_cases(fn, cases, private("10").hybrid_case, HYBRID_HIT_IDEA, rel_tol=0, promise=INT)
+    answers = [private("10").hybrid_case(**case) for case in HYBRID_CASES]  # asked once
+
+    def check(subject: Callable) -> None:
+        expect_cases(subject, HYBRID_CASES, lambda **case: answers[HYBRID_CASES.index(case)],
+                     HYBRID_HIT_IDEA, rel_tol=0, promise=INT)
+
+    one_bug_one_todo_of_function(check, fn, SLIDING_HIT_LENT)
 
 
 ALLOCATION = ((6, None), 4, 10, [
@@ -252,6 +265,23 @@ FREED_DECIDES = [((None, 1), 1, 4, [("allocate", 0, 0, 1), ("allocate", 0, 1, 1)
                  ((None, None, 1), 1, 4, [("allocate", 0, 0, 1), ("allocate", 0, 1, 1)])]
 
 
+SLIDING_HIT_LENT = {"sliding_window_hit": hybrid_cache.sliding_window_hit}
+
+
+def with_course_helpers(check: Callable[[Any], None], subject: Any) -> None:
+    """``check`` of ``allocate_slots`` on ``subject`` (the learner's class, or the function);
+    where it fails, again with the course's ``free_skipped_blocks`` lent to it, so that a bug
+    in that helper costs only the helper's own test."""
+    lent = {"free_skipped_blocks": hybrid_cache.free_skipped_blocks}
+    method = vars(subject).get("allocate_slots") if isinstance(subject, type) else None
+    if isinstance(method, types.FunctionType):  # the class's own: lend through its globals
+        one_bug_one_todo_of_function(
+            lambda fn: check(type(subject.__name__, (subject,), {"allocate_slots": fn})),
+            method, lent)
+    else:
+        one_bug_one_todo_of_function(check, subject, lent)
+
+
 @visible
 def check_allocate_slots(subject: Callable) -> None:
     """Windows (6, None), blocks of 4, a pool of 10: a 9-token prompt (3 blocks in each
@@ -259,10 +289,14 @@ def check_allocate_slots(subject: Callable) -> None:
     (False, nothing taken), bad arguments (ValueError), then free. Then two steps whose fit
     the window's freed block decides: one that fits only with it, one that does not fit
     even so (the block stays freed)."""
-    for windows, block_size, num_blocks, steps in [ALLOCATION, *FREED_DECIDES]:
-        expected = private("10").allocation_outcomes(windows, block_size, num_blocks, steps)
-        run_steps("allocate_slots", subject, windows, block_size, num_blocks, steps,
-                  expected)
+    runs = [(run, private("10").allocation_outcomes(*run))  # asked once, before any run
+            for run in [ALLOCATION, *FREED_DECIDES]]
+
+    def check(pool: Any) -> None:
+        for run, expected in runs:
+            run_steps("allocate_slots", pool, *run, expected)
+
+    with_course_helpers(check, subject)
 
 
 # --- window_first_key -------------------------------------------------------------------------

@@ -78,26 +78,28 @@ def tier_holding(prompts: dict[int, list[int]], block_size: int, capacity: int,
 
 
 def matching(subject: Any) -> Callable:
-    """The method as a function of plain data: a request of ``prompt`` with a GPU hit of
-    ``num_computed_tokens``, a tier holding ``tier_holds`` (block indices of the prompt) and
-    ``being_stored``."""
+    """The method as a function of plain data: a request of ``prompt`` (and ``output``, the
+    tokens it generated before a preemption) with a GPU hit of ``num_computed_tokens``, a tier
+    holding ``tier_holds`` (block indices of its tokens) and ``being_stored``."""
 
     def get_num_new_matched_tokens(prompt: list[int], num_computed_tokens: int,
                                    block_size: int, tier_holds: list[int],
-                                   being_stored: list[int] = ()) -> Any:
-        tier = tier_holding({0: prompt}, block_size, 64, [(0, i) for i in tier_holds],
-                            [(0, i) for i in being_stored])
+                                   being_stored: list[int] = (), output: list[int] = ()) -> Any:
+        tier = tier_holding({0: [*prompt, *output]}, block_size, 64,
+                            [(0, i) for i in tier_holds], [(0, i) for i in being_stored])
         half = scheduler_half(subject, "get_num_new_matched_tokens")(tier, block_size)
-        request = ChunkedRequest(0, list(prompt), 1, num_computed_tokens=num_computed_tokens)
+        request = ChunkedRequest(0, list(prompt), len(output) + 1, output=list(output),
+                                 num_computed_tokens=num_computed_tokens)
         return half.get_num_new_matched_tokens(request, num_computed_tokens)
 
     return get_num_new_matched_tokens
 
 
 def _match(prompt_len: int, hit: int, block_size: int, holds: list[int],
-           being_stored: list[int] = ()) -> dict:
-    return dict(prompt=list(range(100, 100 + prompt_len)), num_computed_tokens=hit,
-                block_size=block_size, tier_holds=holds, being_stored=list(being_stored))
+           being_stored: list[int] = (), generated: int = 0) -> dict:
+    tokens = list(range(100, 100 + prompt_len + generated))
+    return dict(prompt=tokens[:prompt_len], num_computed_tokens=hit, block_size=block_size,
+                tier_holds=holds, being_stored=list(being_stored), output=tokens[prompt_len:])
 
 
 @visible
@@ -105,11 +107,13 @@ def check_get_num_new_matched_tokens(subject: Any) -> None:
     """Blocks of 4: an 18-token prompt whose GPU hit is block 0 and whose blocks 1 to 3 the
     tier holds (12 tokens); blocks 1 and 3 held (4: a lookup stops at a miss); a 16-token
     prompt all of whose blocks are held (its last block holds its last token: 12); nothing
-    held; a block still being written; a GPU hit that leaves nothing to load."""
+    held; a block still being written; a GPU hit that leaves nothing to load; a request back
+    after a preemption with a 10-token prompt and 6 generated tokens, its blocks 0 to 3 held
+    (12: the blocks run to its last token's, past the prompt's)."""
     cases = [_match(18, 4, 4, [1, 2, 3]), _match(18, 4, 4, [1, 3]),
              _match(16, 0, 4, [0, 1, 2, 3]), _match(18, 0, 4, []),
              _match(18, 4, 4, [1], [2]), _match(16, 12, 4, [0, 1, 2, 3]),
-             _match(7, 0, 1, [0, 1, 2, 3, 4, 5, 6])]
+             _match(7, 0, 1, [0, 1, 2, 3, 4, 5, 6]), _match(10, 0, 4, [0, 1, 2, 3], [], 6)]
     expect_cases(matching(subject), cases, private("11").match_case, MATCH_IDEA,
                  rel_tol=0, promise=MATCHED)
 

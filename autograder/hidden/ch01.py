@@ -13,6 +13,7 @@ from fractions import Fraction
 
 from autograder.checks._contract import INT, Raises, expect_cases
 from autograder.checks._helpers import mistakes
+from autograder.checks._lending import one_bug_one_todo_of_function
 from autograder.checks.ch01 import (
     BLOCKS_IDEA,
     KV_TOKEN_IDEA,
@@ -31,7 +32,6 @@ from autograder.checks.ch01 import (
     paged_idea,
     per_token_todo,
 )
-from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
 from course import kv_sizing
 from course.models import MODELS, ModelConfig

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from autograder.checks._contract import INT, LIST_OF_INTS, TUPLE_OF_INTS, Raises
 from autograder.checks._helpers import for_all, mistakes
+from autograder.checks._lending import one_bug_one_todo_of_function
 from autograder.checks.ch02 import (
     BLOCKS_IDEA,
     CONTIGUOUS_IDEA,
@@ -31,7 +32,6 @@ from autograder.checks.ch02 import (
     outside_idea,
     slot_id_todos,
 )
-from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
 from course import block_tables
 

@@ -29,8 +29,8 @@ from hypothesis.stateful import (
 )
 
 from autograder.checks._helpers import run_stateful
+from autograder.checks._lending import one_bug_one_todo
 from autograder.checks.ch03 import _fork_cases, _free_cases, _Harness
-from autograder.hidden._lending import one_bug_one_todo
 from autograder.private import thorough
 
 _TODOS = ("allocate", "append_slot", "fork", "free")

@@ -24,6 +24,11 @@ from hypothesis.stateful import (
 
 from autograder.borrowing import course_version
 from autograder.checks._helpers import for_all, not_written, run_stateful, verdict_only
+from autograder.checks._lending import (
+    one_bug_one_todo,
+    one_bug_one_todo_of_function,
+    with_globals,
+)
 from autograder.checks.ch04 import (
     _KEY_IDEA,
     ROOT,
@@ -35,11 +40,6 @@ from autograder.checks.ch04 import (
     _revival_cases,
     check_block_key,
     check_free,
-)
-from autograder.hidden._lending import (
-    one_bug_one_todo,
-    one_bug_one_todo_of_function,
-    with_globals,
 )
 from autograder.private import thorough
 from course.block_manager import NoFreeBlocksError

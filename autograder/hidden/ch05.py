@@ -34,6 +34,7 @@ from collections.abc import Callable
 from hypothesis import strategies as st
 
 from autograder.checks._helpers import for_all, verdict_only
+from autograder.checks._lending import one_bug_one_todo
 from autograder.checks.ch05 import (
     MAX_STEPS,
     _Harness,
@@ -42,7 +43,6 @@ from autograder.checks.ch05 import (
     check_reserve_decode_slots,
     check_swap_in,
 )
-from autograder.hidden._lending import one_bug_one_todo
 from autograder.private import thorough
 from course.scheduler import Request
 

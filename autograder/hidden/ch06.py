@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from autograder.checks._lending import one_bug_one_todo_of_function
 from autograder.checks.ch06 import (
     SEED,
     PagedCase,
@@ -23,7 +24,6 @@ from autograder.checks.ch06 import (
     step_inputs,
     write_inputs,
 )
-from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
 from kernels import paged_attention_ref
 

@@ -15,7 +15,7 @@ description.
 
 The wrapper launches the kernels of TODOs 4 to 6 by name: where the learner's wrapper fails
 its hidden check, the check runs again with the course's kernels lent
-(``autograder.hidden._lending``), so a wrong kernel costs the kernel's points, not the
+(``autograder.checks._lending``), so a wrong kernel costs the kernel's points, not the
 wrapper's hidden ones.
 """
 
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from autograder.checks._helpers import learner_call
+from autograder.checks._lending import one_bug_one_todo_of_function
 from autograder.checks._memory_audit import MemoryAudit
 from autograder.checks.ch07 import _addresses_in_int64, _kernel, _merge, _split, merge_inputs
 from autograder.checks.ch07_audit import quiet
@@ -39,7 +40,6 @@ from autograder.checks.ch07_wrapper import (
     _raises,
     _wrapper,
 )
-from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.hidden.ch07_gpu import check_production_shapes
 from autograder.private import thorough
 from course.paged_cases import KernelCase, PagedCase, dtype_name, on_gpu

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from autograder.checks._helpers import learner_call
+from autograder.checks._lending import one_bug_one_todo_of_function
 from autograder.checks.ch08 import (
     ONE_TOO_LARGE,
     ONE_TOO_SMALL,
@@ -46,7 +47,6 @@ from autograder.checks.ch08 import (
     step_limit,
     wanted_keys,
 )
-from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
 from course import paged_engine
 from course.block_manager import BlockManager

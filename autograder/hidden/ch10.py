@@ -7,7 +7,6 @@ and the known mistakes a hint names.
 from __future__ import annotations
 
 import random
-import types
 from collections.abc import Callable
 
 import torch
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 
 from autograder.checks._contract import INT, Raises, expect_cases
 from autograder.checks._helpers import for_all, mistakes
+from autograder.checks._lending import one_bug_one_todo_of_function
 from autograder.checks.ch10 import (
     BYTES_IDEA,
     FREE_IDEA,
@@ -22,6 +22,7 @@ from autograder.checks.ch10 import (
     FREED_DECIDES,
     HYBRID_HIT_IDEA,
     SLIDING_HIT_IDEA,
+    SLIDING_HIT_LENT,
     WINDOW_CASE,
     _bytes,
     _free,
@@ -31,8 +32,8 @@ from autograder.checks.ch10 import (
     run_steps,
     run_window_kernel,
     window_case,
+    with_course_helpers,
 )
-from autograder.hidden._lending import one_bug_one_todo_of_function
 from autograder.private import thorough
 from course import hybrid_cache
 from course.hybrid_models import FULL, SLIDING, STATE, HybridModel, LayerGroup
@@ -378,7 +379,7 @@ def check_hybrid_hit_thoroughly(fn: Callable) -> None:
         lambda subject: for_all(_hybrid_cases(), lambda case: expect_cases(
             subject, [case], hybrid_case, HYBRID_HIT_IDEA, rel_tol=0, promise=INT),
             max_examples=300),
-        fn, {"sliding_window_hit": hybrid_cache.sliding_window_hit})
+        fn, SLIDING_HIT_LENT)
 
 
 # --- allocate_slots ---------------------------------------------------------------------------
@@ -501,14 +502,7 @@ def check_allocate_slots_thoroughly(subject: Callable) -> None:
             _check_run(pool, run)
         for_all(_runs(), lambda run: _check_run(pool, run), max_examples=200)
 
-    method = vars(subject).get("allocate_slots") if isinstance(subject, type) else None
-    if isinstance(method, types.FunctionType):  # the class's own: lend through its globals
-        one_bug_one_todo_of_function(
-            lambda fn: check(type(subject.__name__, (subject,), {"allocate_slots": fn})),
-            method, {"free_skipped_blocks": hybrid_cache.free_skipped_blocks})
-    else:
-        one_bug_one_todo_of_function(check, subject,
-                                     {"free_skipped_blocks": hybrid_cache.free_skipped_blocks})
+    with_course_helpers(check, subject)
 
 
 # --- window_first_key -------------------------------------------------------------------------

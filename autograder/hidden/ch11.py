@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from autograder.checks._contract import expect
 from autograder.checks._helpers import for_all, mistakes
+from autograder.checks._lending import one_bug_one_todo
 from autograder.checks.ch11 import (
     ADMIT_IDEA,
     MATCH_IDEA,
@@ -28,7 +29,6 @@ from autograder.checks.ch11 import (
     run_engine,
     scheduler_half,
 )
-from autograder.hidden._lending import one_bug_one_todo
 from autograder.private import thorough
 from course import connector_demo
 from course.block_manager import NoFreeBlocksError
@@ -55,13 +55,16 @@ def _found(prompt_len: int, hit: int, block_size: int, ready: set[int]) -> int:
 
 
 def _wrong_match(prompt_extra: int = 0, from_start: bool = False, per_block: int | None = None,
-                 writing_counts: bool = False, always_async: bool = False) -> Callable:
+                 writing_counts: bool = False, always_async: bool = False,
+                 prompt_only: bool = False) -> Callable:
     """A known mistake's answer: the lookup from block 0, past the last token's block, in
-    blocks, counting blocks being written, or asynchronous with nothing to load."""
+    blocks, counting blocks being written, asynchronous with nothing to load, or bounded by
+    the prompt rather than every token."""
 
-    def wrong(prompt, num_computed_tokens, block_size, tier_holds, being_stored):
+    def wrong(prompt, num_computed_tokens, block_size, tier_holds, being_stored, output=()):
         held = set(tier_holds) | (set(being_stored) if writing_counts else set())
-        found = _found(len(prompt) + prompt_extra * block_size,
+        tokens = len(prompt) + (0 if prompt_only else len(output))
+        found = _found(tokens + prompt_extra * block_size,
                        0 if from_start else num_computed_tokens, block_size, held)
         return found * (per_block or block_size), found > 0 or always_async
 
@@ -80,11 +83,16 @@ _MATCH_MISTAKES = [
      "A block still being written cannot be loaded yet: tier.lookup counts only those stored."),
     (_wrong_match(always_async=True),
      "With nothing to load there is nothing to wait for: (0, False)."),
+    (_wrong_match(prompt_only=True),
+     "A request can come back with generated tokens (after a preemption): its candidates run "
+     "to the block of its last token, (request.num_tokens - 1) // block_size, over "
+     "request.tokens (the prompt, then every token generated), not the prompt's last."),
 ]
 
 
 def match_case(**case: Any) -> tuple:
-    found = _found(len(case["prompt"]), case["num_computed_tokens"], case["block_size"],
+    tokens = len(case["prompt"]) + len(case.get("output", ()))
+    found = _found(tokens, case["num_computed_tokens"], case["block_size"],
                    set(case["tier_holds"]))
     return (found * case["block_size"], found > 0), mistakes(_MATCH_MISTAKES, case)
 
@@ -93,19 +101,23 @@ def match_case(**case: Any) -> tuple:
 def _match_cases(draw) -> dict:
     block_size = draw(st.integers(1, 6))
     prompt_len = draw(st.integers(1, 40))
-    hit = block_size * draw(st.integers(0, (prompt_len - 1) // block_size))
-    blocks = list(range(prompt_len // block_size)) or [0]
-    holds = draw(st.sets(st.sampled_from(blocks))) if prompt_len >= block_size else set()
+    generated = draw(st.sampled_from([0, 0, 1, block_size, 2 * block_size + 1]))
+    tokens = prompt_len + generated  # a request back after a preemption has generated some
+    hit = block_size * draw(st.integers(0, (tokens - 1) // block_size))
+    blocks = list(range(tokens // block_size)) or [0]
+    holds = draw(st.sets(st.sampled_from(blocks))) if tokens >= block_size else set()
     writing = (draw(st.sets(st.sampled_from(blocks))) - holds) if holds or \
-        prompt_len >= block_size else set()
-    return dict(prompt=[(7 * i + 3) % 50 for i in range(prompt_len)], num_computed_tokens=hit,
-                block_size=block_size, tier_holds=sorted(holds), being_stored=sorted(writing))
+        tokens >= block_size else set()
+    sequence = [(7 * i + 3) % 50 for i in range(tokens)]
+    return dict(prompt=sequence[:prompt_len], num_computed_tokens=hit, block_size=block_size,
+                tier_holds=sorted(holds), being_stored=sorted(writing),
+                output=sequence[prompt_len:])
 
 
 @thorough
 def check_get_num_new_matched_tokens_thoroughly(subject: Any) -> None:
-    """Drawn prompts of 1 to 40 tokens in blocks of 1 to 6, GPU hits, held and half-written
-    blocks."""
+    """Drawn prompts of 1 to 40 tokens in blocks of 1 to 6, some with tokens generated
+    before a preemption, GPU hits, held and half-written blocks."""
     from autograder.checks.ch11 import matching
 
     fn = matching(subject)

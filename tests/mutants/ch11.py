@@ -20,14 +20,16 @@ def _named(name: str, fn):
 
 def _matching(first_block=lambda hit, size: hit // size,
               last_block=lambda tokens, size: (tokens - 1) // size,
-              counted=None, per_block=None, asynchronous=lambda found: found > 0):
+              counted=None, per_block=None, asynchronous=lambda found: found > 0,
+              prompt_only=False):
     """``get_num_new_matched_tokens`` with the candidates from ``first_block`` to
     ``last_block``, the found ones counted by ``counted(tier, keys)`` (else the tier's lookup),
     ``per_block`` tokens each (else block_size)."""
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         first = first_block(num_computed_tokens, self.block_size)
-        last = last_block(request.num_tokens, self.block_size)
+        tokens = len(request.prompt) if prompt_only else request.num_tokens
+        last = last_block(tokens, self.block_size)
         keys = self.block_keys(request, last)[first:]
         found = counted(self.tier, keys) if counted else self.tier.lookup(keys)
         return found * (per_block or self.block_size), asynchronous(found)
@@ -50,6 +52,7 @@ _from_block_0 = _named("_from_block_0", _matching(first_block=lambda hit, size: 
 _the_last_tokens_block_too = _named("_the_last_tokens_block_too", _matching(
     last_block=lambda tokens, size: -(-tokens // size)))
 _blocks_not_tokens = _named("_blocks_not_tokens", _matching(per_block=1))
+_the_prompts_blocks_only = _named("_the_prompts_blocks_only", _matching(prompt_only=True))
 _always_asynchronous = _named("_always_asynchronous",
                               _matching(asynchronous=lambda found: True))
 _every_held_block = _named("_every_held_block", _matching(counted=_every_held))
@@ -202,6 +205,7 @@ MUTANTS = {
         (_always_asynchronous, "With nothing to load there is nothing to wait for"),
         (_every_held_block, _MATCH),
         (_blocks_being_written, "A block still being written cannot be loaded yet"),
+        (_the_prompts_blocks_only, "A request can come back with generated tokens"),
     ],
     "build_connector_meta": [
         (_loads_handed_over_again, _META),
@@ -219,6 +223,8 @@ RULES = [
          "num_computed_tokens // block_size", "get_num_new_matched_tokens", ("_from_block_0",)),
     Rule("up to but not including the block that holds its last token",
          "get_num_new_matched_tokens", ("_the_last_tokens_block_too",)),
+    Rule("block (request.num_tokens - 1) // block_size", "get_num_new_matched_tokens",
+         ("_the_prompts_blocks_only",)),
     Rule("self.tier.lookup(keys) says how many of keys, from the first, the tier holds",
          "get_num_new_matched_tokens", ("_every_held_block", "_blocks_being_written")),
     Rule("Each block found is block_size tokens.", "get_num_new_matched_tokens",

@@ -1,5 +1,5 @@
-"""One bug costs one TODO: a hidden test of a class's method, rerun with the course's own
-versions of the methods it builds on where the learner's class fails it.
+"""One bug costs one TODO: a test of a TODO (visible or hidden), rerun with the course's own
+versions of the TODOs it builds on where the learner's fails it.
 
     learner's class ──check──> passes: full marks
         │ fails
