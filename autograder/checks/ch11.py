@@ -10,6 +10,8 @@ compared step by step with what the hidden model of the rules admits.
 
 from __future__ import annotations
 
+import re
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +74,17 @@ def tier_holding(prompts: dict[int, list[int]], block_size: int, capacity: int,
             if done:
                 tier.complete_store([key])
     return tier
+
+
+def describe_raised(exc: BaseException) -> str:
+    """An exception from a run, in a learner's words: its type, its value with a block's
+    64-character key cut short, and the function of the course's it left (what noticed the
+    books were wrong)."""
+    value = str(exc)
+    value = re.sub(r"[0-9a-f]{16,}", lambda m: f"the block key {m.group(0)[:8]}...", value)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" in {frames[-1].name}" if frames else ""
+    return f"{type(exc).__name__}: {value}{where}"
 
 
 # --- get_num_new_matched_tokens ----------------------------------------------------------------
@@ -361,20 +374,98 @@ def expect_admission(name: str, admit: Callable, scenario: dict, expected: list[
         raise AssertionError(not_written(name)) from None
     except Exception as exc:
         raise AssertionError(f"{call} raised {type(exc).__name__}: {exc} (in a run of {setup})."
-                             f" {ADMIT_IDEA}") from None
+                             f" {_raised_hint(exc)}{ADMIT_IDEA}") from None
     for step, (mine, want) in enumerate(zip(seen, expected, strict=False)):
         for part in ("chunks", "preempted", "running", "waiting", "loading", "received",
                      "free_blocks"):
             if mine[part] != want[part]:
                 before = f" (the step before: {_without_metadata(expected[step - 1])})" \
                     if step else ""
+                earlier = expected[step - 1] if step else None
                 raise AssertionError(
                     f"With {setup}, at step {step} after {call}: {part} is {mine[part]}, "
                     f"expected {want[part]} (chunks as (request, first token, tokens)){before}."
-                    f" {ADMIT_IDEA}")
+                    f" {_admission_hint(earlier, mine, want, scenario)}{ADMIT_IDEA}")
     if len(seen) != len(expected):
         raise AssertionError(f"{call} served every request in {len(seen)} steps, expected "
                              f"{len(expected)} (in a run of {setup}). {ADMIT_IDEA}")
+
+
+LOAD_DONE_RUNS = ("A request whose load is done runs (its loaded tokens marked computed), "
+                  "even once a new request did not fit: it holds its blocks already, and "
+                  "waiting behind a request that cannot fit while holding them would never "
+                  "end. ")
+LOAD_IN_FLIGHT = ("A request whose load is in flight is skipped until the load is reported "
+                  "done: it keeps its place at the front of waiting, and its blocks, and the "
+                  "requests behind it are still looked at. ")
+LEAVES_BOTH = ("A request whose load is done leaves both scheduler.loading and "
+               "scheduler.received when it runs. ")
+LOADED_MARKED = ("A request whose load is done has its tokens marked computed "
+                 "(manager.mark_computed(id, num_computed_tokens)) before it runs: its hits and "
+                 "loaded blocks become the prefix cache's, as a computed chunk's do. ")
+NO_NEW_AFTER_FULL = ("Once a new request does not fit (NoFreeBlocksError), no new request is "
+                     "admitted that step; only requests whose load is done still run. ")
+LOADED_COMPUTED = ("The tokens loaded are computed: num_computed_tokens grows by the n "
+                   "tokens the connector loads (hits + n), and the request's chunk starts "
+                   "there. ")
+SKIPPED_ORDER = ("The requests skipped keep their order at the front of waiting. ")
+ADMIT_LIMITS = ("Admission stops when the step preempted, the budget (max_num_batched_tokens "
+                "less what the running requests took) is spent, or max_num_seqs requests run. ")
+ASKED_LATER = ("A request the connector asks to be asked again later (None) gives its blocks "
+               "back (manager.free) and is skipped. ")
+
+
+def _raised_hint(exc: Exception) -> str:
+    """The rule a run that raised most likely missed, read from where it raised: the block
+    manager refusing blocks to a request that holds some (one asked again later kept its
+    own), the run never finishing (a request whose load is done never ran), a request's
+    bookkeeping missing (one still loading when it runs)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = frames[-1].name if frames else ""
+    if isinstance(exc, ValueError) and where == "allocate":
+        return ASKED_LATER
+    if isinstance(exc, RuntimeError) and where == "run_engine":
+        return LOAD_DONE_RUNS
+    if isinstance(exc, KeyError):
+        return LEAVES_BOTH
+    return ""
+
+
+def _admission_hint(before: dict | None, mine: dict, want: dict, scenario: dict) -> str:
+    """The rule the first step that differs breaks, read from what it did ('' where no one
+    rule stands out)."""
+    before = before or {"received": [], "loading": [], "running": []}
+    received, loading = set(before["received"]), set(before["loading"])
+    started = (set(mine["loading"]) - loading) | (set(mine["running"]) - set(before["running"])
+                                                    - received)
+    if sum(n for _, _, n in mine["chunks"]) > scenario["budget"] or \
+            len(mine["running"]) > scenario["max_num_seqs"] or \
+            (want["preempted"] and len(mine["chunks"]) > len(want["chunks"])) or \
+            (len(want["running"]) >= scenario["max_num_seqs"] and
+             started - set(want["loading"]) - set(want["running"])):
+        return ADMIT_LIMITS
+    if set(mine["running"]) & (set(want["loading"]) - set(want["received"])):
+        return LOAD_IN_FLIGHT
+    if (set(want["running"]) - set(mine["running"])) & received:
+        return LOAD_DONE_RUNS
+    if loading - received and set(want["running"]) - set(mine["running"]) - set(
+            before["running"]):
+        return LOAD_IN_FLIGHT  # it stopped at a request still loading
+    if set(mine["loading"]) & set(mine["running"]):
+        return LEAVES_BOTH
+    starts = {request: start for request, start, _ in want["chunks"]}
+    if any(request in starts and start < starts[request]
+           for request, start, _ in mine["chunks"]):
+        return LOADED_COMPUTED
+    if received & set(mine["running"]) and mine["free_blocks"] != want["free_blocks"]:
+        return LOADED_MARKED
+    if sorted(mine["waiting"]) == sorted(want["waiting"]) and mine["waiting"] != want["waiting"]:
+        return SKIPPED_ORDER
+    if started - set(want["loading"]) - set(want["running"]):
+        return NO_NEW_AFTER_FULL
+    if set(want["loading"]) - set(mine["loading"]) - loading:
+        return LOAD_IN_FLIGHT
+    return ""
 
 
 def _without_metadata(observed: dict) -> dict:

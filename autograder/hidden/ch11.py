@@ -21,8 +21,10 @@ from autograder.checks.ch11 import (
     ADMIT_IDEA,
     MATCH_IDEA,
     MATCHED,
+    META_IDEA,
     METADATA_PARTS,
     SUBJECT,
+    describe_raised,
     describe_run,
     expect_admission,
     play_metadata,
@@ -206,8 +208,11 @@ def _same_metadata(half: type, run: dict) -> None:
 
         raise AssertionError(not_written(name)) from None
     except Exception as exc:
-        raise AssertionError(f"With {describe_run(run)}, the engine with your {SUBJECT} "
-                             f"raised {type(exc).__name__}: {exc}.") from None
+        raise AssertionError(
+            f"With {describe_run(run)}, the engine with your {SUBJECT} raised "
+            f"{describe_raised(exc)}: what build_connector_meta handed the worker, or kept "
+            f"of it, did not add up for the tier (a load handed over twice, a load's keys not "
+            f"kept in self.loading, a block saved before it is full). {META_IDEA}") from None
     for step, (mine, want) in enumerate(zip(seen, expected, strict=False)):
         for part, words in METADATA_PARTS:
             if mine["metadata"][part] != want["metadata"][part]:

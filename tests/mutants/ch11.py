@@ -195,7 +195,6 @@ _admission_mutants = {name: _named(name, _admission(**flags))
 
 _MATCH = "tier.lookup counts those it holds from the first"
 _META = "build_connector_meta hands over every load decided since the last step"
-_ADMIT = "Waiting requests are taken from the front"
 
 MUTANTS = {
     "get_num_new_matched_tokens": [
@@ -215,7 +214,20 @@ MUTANTS = {
         (_an_entry_for_no_saves, _META),
         (_stores_a_block_at_a_time, "None: that chunk saves nothing"),
     ],
-    "admit_with_connector": [(mutant, _ADMIT) for mutant in _admission_mutants.values()],
+    "admit_with_connector": [(_admission_mutants[name], hint) for name, hint in [
+        ("_stops_at_a_loading_request", "the requests behind it are still looked at"),
+        ("_runs_before_its_load_lands", "skipped until the load is reported done"),
+        ("_computes_the_loaded_tokens_again", "The tokens loaded are computed"),
+        ("_loaded_tokens_never_marked_computed", "has its tokens marked computed"),
+        ("_still_loading_once_it_runs", "leaves both scheduler.loading and scheduler.received"),
+        ("_new_requests_after_one_that_did_not_fit", "no new request is admitted that step;"),
+        ("_nothing_after_one_that_did_not_fit", "even once a new request did not fit"),
+        ("_keeps_blocks_when_asked_again_later", "gives its blocks back (manager.free)"),
+        ("_skipped_requests_to_the_back", "keep their order at the front of waiting"),
+        ("_admits_after_a_preemption", "Admission stops when the step preempted"),
+        ("_no_max_num_seqs", "or max_num_seqs requests run"),
+        ("_no_token_budget", "less what the running requests took"),
+    ]],
 }
 
 RULES = [
