@@ -20,6 +20,7 @@ import pytest
 from conftest import CHAPTERS, REPO
 
 from autograder.builder.translation import (
+    CJK_BREAK,
     TRANSLATED,
     Text,
     build,
@@ -163,6 +164,19 @@ def test_a_translated_notebook_is_the_english_one_in_other_words(chapter, langua
     built = build(chapter.source, notebook_catalogue(chapter, language), language)
     assert [c.source for c in built.cells] == [c.source for c in translated.cells], (
         f"{chapter.source_in(language).relative_to(REPO)} is stale: run `make exercises`")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_no_space_falls_between_two_chinese_characters(chapter):
+    """Markdown renders a source line break as a space, which Chinese never puts between two
+    characters: the translated prose joins such lines (a diagram's fenced lines stay; the
+    exercise notebooks' Markdown is the solution's)."""
+    translated = nbformat.read(chapter.source_in(TRANSLATED[0]), as_version=4)
+    for cell in translated.cells:
+        if cell.cell_type == "markdown":
+            prose = re.sub(r"```.*?```", "", cell.source, flags=re.S)
+            found = [prose[max(0, m.start() - 8):m.end() + 8] for m in CJK_BREAK.finditer(prose)]
+            assert not found, (cell.get("id"), found)
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)

@@ -159,6 +159,12 @@ def _pieces(cell: nbformat.NotebookNode) -> list[Piece]:
             else code_pieces(cell.source))
 
 
+# Between two Chinese characters (or their punctuation), a source line break that Markdown
+# would render as a space; the next line's indent (a list item's continuation) goes with it.
+_CJK = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
+CJK_BREAK = re.compile(f"(?<=[{_CJK}])\n[ \t]*(?=[{_CJK}])")
+
+
 @dataclass(frozen=True)
 class Piece:
     """A span of a cell's source holding one text, and how a translation is written there."""
@@ -166,7 +172,7 @@ class Piece:
     start: int
     end: int
     english: str
-    kind: str  # "block", "comment", "docstring", "string"
+    kind: str  # "block" (Markdown prose), "fenced", "comment", "docstring", "string"
     indent: str = ""
     template: bool = False
 
@@ -176,6 +182,8 @@ class Piece:
                 "#" + (" " + line if line else "") for line in translation.split("\n"))
         if self.kind == "docstring":
             return ("\n" + self.indent).join(translation.split("\n"))
+        if self.kind == "block":  # Markdown prose: a line break is a space, none in Chinese
+            return CJK_BREAK.sub("", translation)
         return translation
 
 
@@ -191,7 +199,7 @@ def markdown_pieces(source: str) -> list[Piece]:
                 pieces.append(_block(source, start, at))
                 start = None
             if fenced and _is_prose(source[inside:at], False):
-                pieces.append(_block(source, inside, at))
+                pieces.append(_block(source, inside, at, "fenced"))
             fenced, inside = not fenced, at + len(line)
         elif not fenced:
             if stripped and start is None:
@@ -205,9 +213,9 @@ def markdown_pieces(source: str) -> list[Piece]:
     return [p for p in pieces if re.search(r"[A-Za-z]{2,}", p.english)]
 
 
-def _block(source: str, start: int, end: int) -> Piece:
+def _block(source: str, start: int, end: int, kind: str = "block") -> Piece:
     text = source[start:end].rstrip()
-    return Piece(start, start + len(text), text, "block")
+    return Piece(start, start + len(text), text, kind)
 
 
 def code_pieces(source: str) -> list[Piece]:
