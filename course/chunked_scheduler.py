@@ -101,6 +101,8 @@ class ComputedPrefixCache(PrefixCachingBlockManager):
         self.computed: dict[int, int] = {}
 
     def _cache_full_blocks(self, seq_id: int) -> None:
+        """Chapter 4's caching of the sequence's full blocks, keyed by its computed tokens
+        only: a full block some of whose tokens are not computed yet is not cached."""
         tokens = self.tokens[seq_id]
         computed = min(self.computed.get(seq_id, 0), len(tokens))
         self.tokens[seq_id] = tokens[:computed]  # key only the computed blocks
@@ -110,6 +112,8 @@ class ComputedPrefixCache(PrefixCachingBlockManager):
             self.tokens[seq_id] = tokens
 
     def allocate(self, seq_id: int, tokens: list[int], extra_keys: tuple = ()) -> int:
+        """Chapter 4's ``allocate``: blocks for every one of ``tokens``, returning the prefix
+        hits; the hit tokens count as computed. Nothing changes when it raises."""
         self.computed[seq_id] = 0
         try:
             hits = super().allocate(seq_id, tokens, extra_keys)
@@ -120,10 +124,13 @@ class ComputedPrefixCache(PrefixCachingBlockManager):
         return hits
 
     def mark_computed(self, seq_id: int, num_computed: int) -> None:
+        """The sequence's first ``num_computed`` tokens have their K/V (a total, not an
+        increment); its full blocks among them become cacheable."""
         self.computed[seq_id] = num_computed
         self._cache_full_blocks(seq_id)
 
     def free(self, seq_id: int) -> None:
+        """Chapter 4's ``free``; the sequence's computed count goes with its blocks."""
         super().free(seq_id)
         self.computed.pop(seq_id, None)
 

@@ -51,3 +51,5 @@ def test_the_latency_chart_draws_each_setups_four_figures_in_milliseconds():
                             strict=True):
         assert list(trace.x) == [r.setup for r in reports]
         assert list(trace.y) == pytest.approx([1000 * getattr(r, field) for r in reports])
+    # each pair on its own scale: the time between tokens is not a sliver under the first
+    assert [trace.yaxis for trace in figure.data] == ["y", "y", "y2", "y2"]
