@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from course.hybrid_cache import blocks_needed
 from course.hybrid_models import FULL, SLIDING, STATE, HybridModel, LayerGroup
 
 
@@ -105,14 +106,35 @@ def _attention_layer_token_bytes(model: HybridModel, bytes_per_element: float) -
     return group_bytes_per_token(attention, bytes_per_element) / attention.num_layers
 
 
+def request_pages(model: HybridModel, num_tokens: int, block_size: int = 16,
+                  bytes_per_element: float = 2) -> int:
+    """Pages a request of ``num_tokens`` tokens holds in ``model``'s pool, whose pages are
+    ``page_bytes``: in each attention layer, the blocks of ``attention_block_size`` tokens it
+    must hold (``course.hybrid_cache.blocks_needed``: every one under full attention, from
+    its window's first one under a sliding window), the last one partly filled; in each state
+    layer one page, its state padded to it; nothing before the first token."""
+    tokens = attention_block_size(model, block_size, bytes_per_element)
+    pages = 0
+    for group in model.groups:
+        if group.kind == STATE:
+            pages += group.num_layers if num_tokens else 0
+        else:
+            pages += group.num_layers * len(blocks_needed(num_tokens, group.window, tokens))
+    return pages
+
+
 def fit_table(models: list[HybridModel], pool_bytes: float, lengths: list[int],
-              bytes_per_element: float = 2, sizing: Sizing = request_bytes
-              ) -> list[tuple[str, int, int, int]]:
-    """(model, tokens per request, requests that fit, requests that fit were every layer full
-    attention) for each model and length, in a pool of ``pool_bytes`` bytes of cache, each
-    request sized by ``sizing``."""
+              bytes_per_element: float = 2, sizing: Sizing = request_bytes,
+              block_size: int = 16) -> list[tuple[str, int, int, int, int]]:
+    """(model, tokens per request, requests that fit, requests that fit in whole pages,
+    requests that fit were every layer full attention) for each model and length, in a pool
+    of ``pool_bytes`` bytes of cache, each request sized by ``sizing``; in whole pages, the
+    pool's ``pool_bytes // page_bytes`` pages over ``request_pages`` (kernel blocks of
+    ``block_size``)."""
     return [(model.name, length,
              requests_that_fit(model, pool_bytes, length, bytes_per_element, sizing),
+             int(pool_bytes // page_bytes(model, block_size, bytes_per_element))
+             // request_pages(model, length, block_size, bytes_per_element),
              requests_that_fit(model.all_full_attention(), pool_bytes, length,
                                bytes_per_element, sizing))
             for model in models for length in lengths]
@@ -124,10 +146,10 @@ def main(pool_gib: float = 40, lengths: tuple[int, ...] = (8192, 32768, 131072))
 
     print(f"requests that fit in {pool_gib:g} GiB of KV cache (bf16): "
           f"`python -m course.hybrid_sizing`")
-    print(f"{'model':<22}{'tokens':>8}{'hybrid':>8}{'all full':>10}")
-    for name, length, hybrid, full in fit_table(list(HYBRID_MODELS.values()),
-                                                pool_gib * 2**30, list(lengths)):
-        print(f"{name:<22}{length:>8}{hybrid:>8}{full:>10}")
+    print(f"{'model':<22}{'tokens':>8}{'hybrid':>8}{'in pages':>10}{'all full':>10}")
+    for name, length, hybrid, pages, full in fit_table(list(HYBRID_MODELS.values()),
+                                                       pool_gib * 2**30, list(lengths)):
+        print(f"{name:<22}{length:>8}{hybrid:>8}{pages:>10}{full:>10}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from course.hybrid_sizing import (
     group_bytes_per_token,
     page_bytes,
     request_bytes,
+    request_pages,
     requests_that_fit,
 )
 from course.hybrid_sizing import main as sizing_main
@@ -181,19 +182,36 @@ def test_the_blocks_needed_hold_every_token_the_last_one_sees(window, block_size
 def test_the_fit_table_is_each_model_at_each_length_hybrid_and_all_full():
     lengths = [8192, 131072]
     rows = fit_table(MODELS, 40 * 2**30, lengths)
-    assert [(name, length) for name, length, _, _ in rows] == \
+    assert [(name, length) for name, length, *_ in rows] == \
         [(m.name, n) for m in MODELS for n in lengths]
-    for (_, length, hybrid, full), model in zip(rows, [m for m in MODELS for _ in lengths],
-                                                strict=True):
+    for (_, length, hybrid, pages, full), model in zip(
+            rows, [m for m in MODELS for _ in lengths], strict=True):
         assert hybrid == requests_that_fit(model, 40 * 2**30, length)
         assert full == requests_that_fit(model.all_full_attention(), 40 * 2**30, length)
-        assert hybrid >= full
+        assert hybrid >= full and pages <= hybrid  # whole pages hold a little less
+
+
+def test_whole_pages_are_counted_block_by_block_and_state_by_padded_state():
+    """Qwen3-Next's attention blocks are 544 tokens (a page holds a whole state): at 8,192
+    tokens its 12 full-attention layers hold 16 pages each (the last partly empty) and its 36
+    state layers a page each: 228 pages of 1,114,112 bytes, so 40 GiB holds 169 requests, not
+    the 178 the exact bytes give. A sliding window's blocks are those its last token sees."""
+    qwen = HYBRID_MODELS["Qwen3-Next-80B-A3B"]
+    assert attention_block_size(qwen, 16) == 544 and page_bytes(qwen, 16) == 1_114_112
+    assert request_pages(qwen, 8192) == 12 * 16 + 36 and request_pages(qwen, 0) == 0
+    row = fit_table([qwen], 40 * 2**30, [8192])[0]
+    assert row[2:4] == (178, 40 * 2**30 // 1_114_112 // 228) == (178, 169)
+    gpt = HYBRID_MODELS["gpt-oss-120b"]  # 18 sliding layers (window 128), 18 full, blocks of 16
+    # at 1,000 tokens: 63 blocks in a full layer; the last token (999) sees 872..999, blocks
+    # 54 to 62 in a sliding one
+    assert request_pages(gpt, 1000) == 18 * 63 + 18 * 9
 
 
 def test_the_printed_fit_table_is_fit_table(capsys):
     sizing_main(pool_gib=40, lengths=(8192,))
     rows = [row.split() for row in capsys.readouterr().out.splitlines()[2:]]
-    assert rows == [[name, str(length), str(hybrid), str(full)] for name, length, hybrid, full
+    assert rows == [[name, str(length), str(hybrid), str(pages), str(full)]
+                    for name, length, hybrid, pages, full
                     in fit_table(MODELS, 40 * 2**30, [8192])]
 
 
