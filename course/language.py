@@ -348,7 +348,12 @@ def tr(text: str) -> str:
     """``text`` (a sentence or text made from a template of the library) in the chosen
     language. The library marks what a learner reads with it; ``autograder.builder.translation``
     collects what it marks."""
-    book = catalogue(Path(__file__).resolve().parent, current())
+    return tr_in(text, current())
+
+
+def tr_in(text: str, language: str) -> str:
+    """``tr`` in ``language``, whichever language is chosen: a report for another reader."""
+    book = catalogue(Path(__file__).resolve().parent, language)
     return text if book is None else book.translate(text)
 
 

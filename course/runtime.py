@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from course.language import choose, tr
+from course.language import choose, tr, tr_later
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def detect() -> Runtime:
     return Runtime(
         "interpreter",
         "cpu",
-        "Triton CPU interpreter (no CUDA GPU)",
+        tr_later("Triton CPU interpreter (no CUDA GPU)"),  # a report says it in its language
         tr("Triton CPU interpreter mode (no CUDA GPU): kernels run on CPU tensors, correctly "
            "but far slower than on a GPU, so the notebooks use small shapes and skip timings"),
     )

@@ -59,3 +59,19 @@ def test_the_table_s_columns_align_by_columns_when_it_speaks_chinese():
     # the points column ends, and the verdict begins, at one column on every line
     assert {columns(line.rsplit("  ", 1)[0]) for line in [header, *rows]} == {
         columns(f"  {'ch03_append_slot_copy_on_write'}  {'1 / 3':>9}")}
+
+
+def test_the_report_names_the_interpreter_in_its_readers_language(monkeypatch):
+    """The first line says where the notebook was graded: Triton's interpreter in the
+    language of the report, a GPU by its name."""
+    from course.runtime import detect
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    label = detect().label  # what a grading process records
+    first = report.format_report(report.NotebookResult(
+        "03_block_manager.ipynb", "03", label, [], language=ZH)).splitlines()[0]
+    assert "Triton CPU 解释器" in first and "interpreter" not in first, first
+    assert label in report.format_report(report.NotebookResult(
+        "03_block_manager.ipynb", "03", label, [], language="en"))
+    assert "NVIDIA H100 (CUDA)" in report.format_report(report.NotebookResult(
+        "03_block_manager.ipynb", "03", "NVIDIA H100 (CUDA)", [], language=ZH))

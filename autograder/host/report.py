@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from autograder.hints import in_language
 from autograder.host.chapters import grade_id_of
 from autograder.host.sandbox import Limits
-from course.language import ENGLISH, aligned, columns, tr_later
+from course.language import ENGLISH, aligned, columns, current, tr_in, tr_later
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # exceptions whose message is the whole hint (the checks' verdicts, a borrowed answer, code
@@ -131,8 +131,9 @@ def format_report(result: NotebookResult) -> str:
             f"chapter {result.chapter or '?'}, not graded: {result.error}", language)
     test_heading, points_heading = in_language("test", language), in_language("points", language)
     width = max(columns(text) for text in [test_heading, *(t.id for t in result.tests)])
+    runtime = tr_in(result.runtime, language or current())  # the interpreter's label
     lines = [f"{result.notebook}{who}: "
-             + in_language(f"chapter {result.chapter}, graded on {result.runtime}", language),
+             + in_language(f"chapter {result.chapter}, graded on {runtime}", language),
              f"  {aligned(test_heading, -width)}  {aligned(points_heading, 9)}  "
              + in_language("result", language)]
     hint = in_language("hint:", language)
