@@ -27,6 +27,7 @@ no step reads a block its table has given back.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -96,8 +97,8 @@ class _GroupTables:
 class HybridEngine:
     """Serves ``model`` (its ``config.windows`` name each layer's window) from a pool of
     ``num_blocks`` blocks of ``block_size`` tokens, at most ``max_num_batched_tokens`` tokens a
-    step; ``attention`` computes a layer's variable-length paged attention
-    (``attend_in_pytorch``, or Triton kernels with the same arguments). With
+    step; ``attention`` computes a layer's variable-length paged attention (by default
+    ``attend_in_triton``, chapter 9's kernel, on a CUDA GPU, else ``attend_in_pytorch``). With
     ``prefix_caching``, a request starts from the longest prefix every group has cached
     (``HybridPrefixCache``), and its tokens there are not computed again. ``manager_class``
     replaces the manager's class (one built on ``HybridBlockManager``, or on
@@ -105,7 +106,7 @@ class HybridEngine:
     ``step`` the model step (chapter 9's ``engine_step``)."""
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
-                 attention: Attend = attend_in_pytorch, prefix_caching: bool = False,
+                 attention: Attend | None = None, prefix_caching: bool = False,
                  max_num_batched_tokens: int = 64,
                  manager_class: type[HybridBlockManager] | None = None,
                  step: Callable = engine_step) -> None:
@@ -117,7 +118,10 @@ class HybridEngine:
             raise ValueError(f"every group needs as many layers (windows {windows})")
         self.place = {layer: (group, index) for group, layers in enumerate(self.group_layers)
                       for index, layer in enumerate(layers)}
-        self.model, self.block_size, self.attention = model, block_size, attention
+        on_gpu = model.embedding.device.type == "cuda" and \
+            os.environ.get("TRITON_INTERPRET") != "1"
+        self.model, self.block_size = model, block_size
+        self.attention = attention or (attend_in_triton if on_gpu else attend_in_pytorch)
         self.model_step = step
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefix_caching = prefix_caching
