@@ -421,3 +421,40 @@ def test_the_grader_failing_on_one_submission_refuses_that_one_alone():
     assert (got[0], got[2]) == ("graded first", "graded third")
     assert isinstance(got[1], NotGradable)
     assert "the grader failed on it (SystemError: AST constructor" in str(got[1])
+
+
+def test_ctrl_c_while_a_result_is_recorded_lets_the_recording_finish(monkeypatch):
+    """Ctrl-C lands while the first result is being recorded (its gradebook rows written):
+    the recording finishes, the notebooks still running are ended at once, and the run stops
+    before the next result, which is not recorded."""
+    import signal
+
+    from autograder.host import classroom
+    from autograder.host.chapters import NotGradable
+    from autograder.host.submission import Submission
+
+    ended = []
+    monkeypatch.setattr(classroom, "end_all", lambda: ended.append(True))
+
+    class Template:
+        def template(self, chapter, source):
+            pass
+
+    def runner(grader, jobs):
+        for index in range(len(jobs)):
+            yield index, NotGradable(f"outcome {index}")
+
+    recorded = []
+
+    def on_result(submission):
+        if not recorded:
+            os.kill(os.getpid(), signal.SIGINT)  # mid-recording
+        recorded.append(submission.learner)  # the rest of the recording still runs
+
+    submissions = [Submission(f"{name}.ipynb", name, FIRST.name, None, target=FIRST)
+                   for name in ("a", "b", "c")]
+    with pytest.raises(KeyboardInterrupt):
+        classroom.grade(submissions, Template(), runner, on_result)
+    assert recorded == ["a"] and ended == [True]
+    assert submissions[1].result is None and submissions[2].result is None
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back

@@ -21,9 +21,12 @@ course directory and the state file.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -80,23 +83,58 @@ def threads(jobs: int) -> Runner:
     return run
 
 
+@contextlib.contextmanager
+def _stopped_between_results() -> Iterator[threading.Event]:
+    """Ctrl-C while a class is graded: the notebooks running end at once (``end_all``), and
+    the run stops between two results, never while one is being recorded (a gradebook left
+    half written, or a lock held, would keep the run from ending). A second Ctrl-C interrupts
+    wherever it lands. Outside the main thread (a hub's service), Ctrl-C is not this run's."""
+    stopping = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stopping
+        return
+
+    def stop(*_: object) -> None:
+        stopping.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        end_all()
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield stopping
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def grade(submissions: list[Submission], grader: Grader, runner: Runner,
           on_result: Callable[[Submission], None] = lambda submission: None) -> None:
     """Grade every submission that has a target and no result yet; call ``on_result`` (in
-    this thread) as each one ends."""
+    this thread) as each one ends. Ctrl-C stops it between two results (``KeyboardInterrupt``):
+    what was recorded stays, the notebooks still running end, and what they were grading is
+    left ungraded."""
     todo = [s for s in submissions if s.result is None and s.target is not None]
     jobs = [s.job() for s in todo]
     for job in {(j.chapter, j.language): j for j in jobs}.values():  # built once, not per job
         grader.template(job.chapter, job.source)
-    for index, outcome in runner(grader, jobs):
-        submission = todo[index]
-        if isinstance(outcome, Exception):
-            submission.refuse(str(outcome))
-            submission.grader_failed = isinstance(outcome, GraderFailure)
-        else:
-            submission.result, submission.executed = outcome.result, outcome.executed
-            submission.result.timestamp = submission.when
-        on_result(submission)
+    with _stopped_between_results() as stopping:
+        for index, outcome in runner(grader, jobs):
+            if stopping.is_set():  # a notebook ended by Ctrl-C is not graded
+                raise KeyboardInterrupt
+            _record(todo[index], outcome, on_result)
+        if stopping.is_set():
+            raise KeyboardInterrupt
+
+
+def _record(submission: Submission, outcome: Outcome | Exception,
+            on_result: Callable[[Submission], None]) -> None:
+    """A submission's outcome kept on it, then ``on_result``."""
+    if isinstance(outcome, Exception):
+        submission.refuse(str(outcome))
+        submission.grader_failed = isinstance(outcome, GraderFailure)
+    else:
+        submission.result, submission.executed = outcome.result, outcome.executed
+        submission.result.timestamp = submission.when
+    on_result(submission)
 
 
 @dataclass
