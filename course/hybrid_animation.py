@@ -123,6 +123,9 @@ def frame_html(frames: Sequence[WindowFrame], step: int, windows: Sequence[int |
 
 def window_animation(frames: Sequence[WindowFrame], windows: Sequence[int | None],
                      block_size: int, interval_ms: int = 700) -> widgets.VBox:
-    """Play / Step / slider controls over a request's frames (``window_frames``)."""
+    """Play / Step / slider controls over a request's frames (``window_frames``); a page that
+    cannot play it shows the last frame whose tables hold null blocks (the window's work)."""
+    cover = max((step for step, frame in enumerate(frames)
+                 if any(NULL_BLOCK in table for table in frame.tables)), default=0)
     return frame_player(lambda step: frame_html(frames, step, windows, block_size),
-                        len(frames), "kv-window-animation", interval_ms)
+                        len(frames), "kv-window-animation", interval_ms, cover=cover)

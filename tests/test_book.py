@@ -37,7 +37,11 @@ def test_a_page_drops_its_tests_failures_draws_charts_and_notes_widgets():
     figure = {"data": [{"type": "scatter", "x": [1, 2], "y": [3, 4], "name": "</script>"}],
               "layout": {"title": {"text": "t"}, "height": 300}}
     widget = {"model_id": "m", "version_major": 2, "version_minor": 0}  # a slider over a frame
+    setup = _cell("import course", [{"output_type": "stream", "name": "stdout",
+                                     "text": "interpreter mode"}])
+    setup.metadata["nbgrader"] = {"grade": False, "grade_id": "setup", "locked": True}
     notebook = nbformat.v4.new_notebook(cells=[
+        setup,
         _cell("check()", [_error("CheckFailed")], grade_id="test_x"),
         _cell("chart()", [{"output_type": "display_data", "metadata": {},
                            "data": {book.PLOTLY: figure}}]),
@@ -48,7 +52,8 @@ def test_a_page_drops_its_tests_failures_draws_charts_and_notes_widgets():
         "s": {"model_name": "IntSliderModel", "state": {"value": 0}},
         "h": {"model_name": "HTMLModel", "state": {"value": "<b>frame 0</b>"}}}}}
     page = book.publishable(notebook, FIRST, book.CHINESE)
-    links, test, chart, animation = page.cells
+    links, folded, test, chart, animation = page.cells
+    assert folded.metadata["tags"] == ["hide-input"] and folded.outputs  # its code folds away
     assert "English" in links.source and "在 Colab 中打开" in links.source
     assert FIRST.name in links.source and "exercises/zh_CN/" in links.source
     assert test.outputs == []
@@ -58,7 +63,48 @@ def test_a_page_drops_its_tests_failures_draws_charts_and_notes_widgets():
     assert animation.outputs[0]["data"] == {"text/html": '<div class="course-still"><b>frame 0'
                                             f"</b></div><p><em>{book.CHINESE.animation}</em></p>"}
     assert "widgets" not in page.metadata  # the state was for the still alone
-    assert notebook.cells[0].outputs  # the run notebook itself is left as it was
+    assert notebook.cells[1].outputs  # the run notebook itself is left as it was
+    assert "tags" not in notebook.cells[0].metadata
+
+
+def test_an_animations_still_is_the_frame_it_keeps_for_a_page():
+    widget = {"model_id": "m", "version_major": 2, "version_minor": 0}
+    notebook = nbformat.v4.new_notebook(cells=[_cell("animate()", [
+        {"output_type": "display_data", "metadata": {},
+         "data": {book.WIDGET: widget, "text/plain": "Box()"}}])])
+    notebook.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
+        "m": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_h", "IPY_MODEL_c"]}},
+        "h": {"model_name": "HTMLModel", "state": {"value": "<b>frame 0</b>"}},
+        "c": {"model_name": "HTMLModel", "state": {"value": "<b>frame 9</b>",
+                                                     "_dom_classes": ["kv-cover"]}}}}}
+    page = book.publishable(notebook, FIRST, book.ENGLISH)
+    assert page.cells[1].outputs[0]["data"]["text/html"].startswith(
+        '<div class="course-still"><b>frame 9</b></div>')
+
+
+def test_chapter_10s_animation_keeps_a_frame_with_null_blocks_for_a_page():
+    from course.hybrid_animation import frame_html, window_animation, window_frames
+    from course.hybrid_cache import NULL_BLOCK
+    from course.hybrid_manager import HybridBlockManager
+
+    frames = window_frames(HybridBlockManager(12, 4, (None, 6)), prompt_len=9, output_len=14)
+    animation = window_animation(frames, (None, 6), 4)
+    cover = [child for child in animation.children if "kv-cover" in child._dom_classes]
+    assert len(cover) == 1 and cover[0].layout.display == "none"  # hidden where it plays
+    kept = len(frames) - 2  # the last step before the request finishes and is freed
+    assert cover[0].value == frame_html(frames, kept, (None, 6), 4)
+    assert NULL_BLOCK in frames[kept].tables[1] and NULL_BLOCK not in frames[0].tables[1]
+
+
+def test_a_table_printed_row_by_row_is_one_block():
+    rows = [{"output_type": "stream", "name": "stdout", "text": f"row {i}\n"} for i in range(7)]
+    notebook = nbformat.v4.new_notebook(cells=[_cell("table()", [
+        *rows[:3], {"output_type": "stream", "name": "stderr", "text": "warned\n"}, *rows[3:]])])
+    outputs = book.publishable(notebook, FIRST, book.ENGLISH).cells[1].outputs
+    assert [(o.name, o.text) for o in outputs] == [
+        ("stdout", "row 0\nrow 1\nrow 2\n"), ("stderr", "warned\n"),
+        ("stdout", "row 3\nrow 4\nrow 5\nrow 6\n")]
+    assert len(notebook.cells[0].outputs) == 8  # the run notebook itself is left as it was
 
 
 def test_an_error_outside_the_test_cells_stops_the_build():
@@ -121,12 +167,19 @@ def browser(site):
 
 @pytest.fixture
 def page(browser):
-    """A fresh page that may only reach the loopback server."""
+    """A fresh page that may only reach the loopback server, and may log no error to the
+    console (a script of the site that fails, the theme or the search)."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     refused = keep_on_loopback(context)
-    yield context.new_page()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(f"{page.url}: {message.text}")
+            if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(f"{page.url}: {error}"))
+    yield page
     context.close()
     assert not refused, f"the site tried to reach the network (refused): {refused}"
+    assert not errors, f"the console logged errors: {errors}"
 
 
 def _no_error_shown(page) -> None:
@@ -152,6 +205,12 @@ def test_a_chapter_page_draws_its_charts_and_shows_no_error(chapter, site, page)
     assert page.locator(".course-chart").count() == \
         (root / f"{chapter.name}.html").read_text(encoding="utf-8").count('class="course-chart"')
     _no_error_shown(page)
+    # the set-up cell's code is folded away (a reader of the site installs nothing)
+    assert page.get_by_text("REPOSITORY =").count() >= 1
+    expect(page.get_by_text("REPOSITORY =").first).to_be_hidden()
+    searches = page.locator("input[type=search], button.search-button-field, "
+                            "button.search-button").all()
+    assert len([box for box in searches if box.is_visible()]) == 1, "one search field a page"
 
 
 @pytest.mark.browser
@@ -167,6 +226,18 @@ def test_the_chinese_page_reads_in_chinese_and_switches_back(chapter, site, page
     page.get_by_role("link", name="English", exact=True).first.click()
     page.wait_for_url(f"{url}/{chapter.name}.html")
     assert not re.search(r"[\u4e00-\u9fff]", page.locator("main h1").first.inner_text())
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize(("folder", "term"), [("", "paged"), ("zh_CN/", "显存")],
+                         ids=["English", "Chinese"])
+def test_the_search_finds_a_chapter_by_a_word_of_its_language(site, page, folder, term):
+    from playwright.sync_api import expect
+
+    url, _ = site
+    page.goto(f"{url}/{folder}search.html?q={term}")
+    found = page.locator("#search-results a[href*='01_kv_cache_sizing']")
+    expect(found.first).to_be_attached(timeout=30_000)
 
 
 @pytest.mark.browser

@@ -9,7 +9,8 @@ project's notebook reader, kept by the same people as Jupyter Book) in the Book 
     exercises/NN_slug.ipynb ──run──> outputs ──publishable──> NN_slug.ipynb ──Sphinx──> NN_slug.html
         test cells: their "not written yet" failures dropped (the site grades nothing)
         plotly charts: drawn by the plotly.js the site ships (interactive, offline)
-        widgets: their first view, still, and a note that they play in the notebook
+        widgets: a still (the frame an animation keeps for it, else its first view), and a
+                 note that they play in the notebook
     README.md, docs/*.md ──links to the pages──> index.html, docs/*.html
     README.zh-CN.md       ──────────────────────> zh_CN/index.html
 
@@ -41,6 +42,11 @@ PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 DOCS = ("instructors", "benchmarks")  # the instructor's pages
 RUNS = "with widget state"  # how a notebook is run: a change here runs every one again
+# the site's icon: a block table's three blocks, one of them a shared (darker) one
+FAVICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+           '<rect x="1" y="5" width="4" height="6" fill="#4c78a8"/>'
+           '<rect x="6" y="5" width="4" height="6" fill="#2a4d73"/>'
+           '<rect x="11" y="5" width="4" height="6" fill="#4c78a8"/></svg>\n')
 
 
 @dataclass(frozen=True)
@@ -110,18 +116,24 @@ def run(notebook: Path, timeout: int = 900) -> nbformat.NotebookNode:
 
 def publishable(notebook: nbformat.NotebookNode, chapter: Chapter, language: Language
                 ) -> nbformat.NotebookNode:
-    """The run notebook as a page shows it: test cells without their failures, charts drawn
-    by the site's plotly.js, widgets as their first view (still) with a note, a line of links
-    first (the other language, Colab). Any other error output stops the build."""
+    """The run notebook as a page shows it: the set-up cell's code folded away, test cells
+    without their failures, each run of printed text one block, charts drawn by the site's
+    plotly.js, widgets as their first view (still) with a note, a line of links first (the
+    other language, Colab). Any other error output stops the build."""
     page = nbformat.from_dict(json.loads(json.dumps(notebook)))
     states = page.metadata.pop("widgets", {}).get(
         "application/vnd.jupyter.widget-state+json", {}).get("state", {})
     for index, cell in enumerate(page.cells):
         if cell.cell_type != "code":
             continue
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "setup":
+            # a reader of the site installs nothing: the set-up's code folds away, what it
+            # printed (the mode the pages were run in) stays
+            cell.metadata["tags"] = [*cell.metadata.get("tags", []), "hide-input"]
         if cell.metadata.get("nbgrader", {}).get("grade"):
             cell.outputs = []  # "not written yet": the site grades nothing
             continue
+        cell.outputs = _joined_streams(cell.outputs)
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if errors:
             raise BookError(f"{chapter.name} ({language.code}), cell {index}: "
@@ -138,15 +150,40 @@ def publishable(notebook: nbformat.NotebookNode, chapter: Chapter, language: Lan
     return page
 
 
+def _joined_streams(outputs: list) -> list:
+    """A cell's outputs with each run of printed text on one stream joined into one output: a
+    table printed row by row (a chart's data in between, if any, still splits it) is one block
+    on the page, not a box per row."""
+    joined: list = []
+    for output in outputs:
+        previous = joined[-1] if joined else None
+        if (output.output_type == "stream" and previous is not None
+                and previous.output_type == "stream" and previous.name == output.name):
+            previous.text += output.text
+        else:
+            joined.append(output)
+    return joined
+
+
 def _still(model_id: str, states: dict) -> str:
-    """A widget's first view, as the HTML its views held when the notebook ran (the course's
-    animations draw each frame as an HTML widget's value; sliders and buttons show nothing)."""
+    """A widget's still: the frame it keeps for a page that cannot play it (an HTML view of
+    class ``kv-cover``, ``course.player``), else its first view, as the HTML its views held
+    when the notebook ran (the course's animations draw each frame as an HTML widget's value;
+    sliders and buttons show nothing)."""
+    covers = list(_views(model_id, states, cover=True))
+    return covers[0] if covers else "".join(_views(model_id, states, cover=False))
+
+
+def _views(model_id: str, states: dict, cover: bool):
+    """The HTML values under a widget, of its hidden covers or of its shown views."""
     model = states.get(model_id, {})
     state = model.get("state", {})
     if model.get("model_name") == "HTMLModel":
-        return state.get("value", "")
-    return "".join(_still(child.removeprefix("IPY_MODEL_"), states)
-                   for child in state.get("children", []))
+        if ("kv-cover" in state.get("_dom_classes", [])) == cover:
+            yield state.get("value", "")
+        return
+    for child in state.get("children", []):
+        yield from _views(child.removeprefix("IPY_MODEL_"), states, cover)
 
 
 def _chart(figure: dict) -> str:
@@ -220,7 +257,8 @@ def pointed(text: str, source: str, here: str, language: Language, names: list[s
 
 def _conf(language: Language, title: str) -> str:
     """Sphinx's configuration of one edition: notebooks read, never run, by MyST-NB; the Book
-    theme in the edition's language, with plotly.js on every page."""
+    theme in the edition's language, light, one search field (the header's), with plotly.js
+    on every page; Chinese pages indexed word by word (jieba)."""
     return "\n".join([
         f"project = {title!r}",
         f"language = {language.code!r}",
@@ -231,9 +269,20 @@ def _conf(language: Language, title: str) -> str:
         f"html_title = {title!r}",
         'html_static_path = ["_static"]',
         'html_js_files = ["plotly.min.js"]',
+        'html_favicon = "_static/favicon.svg"',
         f"html_theme_options = {{'repository_url': {url()!r}, 'use_repository_button': True}}",
+        'html_context = {"default_mode": "light"}',
+        'html_sidebars = {"**": ["navbar-logo.html", "sbt-sidebar-nav.html"]}',
         'exclude_patterns = ["_build"]',
         'suppress_warnings = ["myst.header", "myst.xref_missing", "misc.highlighting_failure"]',
+        "",
+        "",
+        "def setup(app):",
+        "    # Sphinx's Chinese search stems the pages' Latin words with its English stemmer but",
+        "    # names a ChineseStemmer in the pages' JavaScript, which no file defines",
+        "    from sphinx.search.zh import SearchChinese",
+        "",
+        '    SearchChinese.language_name = "English"',
         "",
     ])
 
@@ -247,6 +296,8 @@ def _source_tree(root: Path, language: Language, pages: dict[str, nbformat.Noteb
 
     shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js",
                 root / "_static")
+    # a page's icon: without one, a browser asks the server for /favicon.ico, and logs a 404
+    (root / "_static" / "favicon.svg").write_text(FAVICON, encoding="utf-8")
     shutil.copytree(REPO / "docs" / "images", root / "docs" / "images")
     title = "Paged KV cache" if language is ENGLISH else "分页 KV 缓存"
     (root / "conf.py").write_text(_conf(language, title), encoding="utf-8")
