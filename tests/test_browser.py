@@ -257,8 +257,10 @@ def _window_animation(page) -> None:
     sliding group's table shows as a null slot, while the full group's holds every block."""
     from playwright.sync_api import expect
 
-    view = page.locator(".kv-window-animation")
+    view = page.locator(".kv-window-animation-view .kv-window-animation")
     expect(view).to_have_count(1)
+    # the frame it keeps for a page that cannot play it is there, hidden
+    expect(page.locator(".kv-cover .kv-window-animation")).to_be_hidden()
     output = page.locator(".jp-OutputArea-output").filter(has=view)
     expect(view).to_have_attribute("data-step", "0")
     assert view.get_attribute("data-null-blocks") == "0"  # the prompt's step frees nothing
