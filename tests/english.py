@@ -4,6 +4,8 @@ notebook's outputs speak Chinese (``shown`` lists every text an executed noteboo
 An English word is letters alone, with an apostrophe or a hyphen between them ("course's",
 "copy-on-write"), and not CamelCase ("BlockManager"): a token holding ``_ . ( )``, a digit, a
 slash, a Chinese character, or letters in CamelCase is a name, a number or code, not a word.
+A run of nothing but the Latin words the glossary's Chinese terms keep (null 块, KV 缓存, token
+预算: a chapter's null slots, "null null null null") is Chinese text, not a sentence.
 A sentence is a run of ``SENTENCE`` English words or more with only spaces and punctuation
 between them (a line break too: a sentence may wrap). Code in backticks, a format's holes
 (``{n}``, ``%{y:.2f}``: braces with no space inside) and a page's scripts and styles are code,
@@ -28,17 +30,32 @@ _CAMEL = re.compile(r"[a-z][A-Z]")
 _PUNCTUATION = "\"'“”‘’()[]{}<>,.;:!?…*|/=+-–—~#&"  # around a word, or a token of its own
 
 
+def _chinese_terms_latin() -> frozenset[str]:
+    """The Latin words the glossary's Chinese terms keep (null 块, KV 缓存, token 预算): Chinese
+    text, not English, where a Chinese page shows them."""
+    from autograder.builder.translation import glossary
+
+    return frozenset(word for chinese in glossary().values()
+                     for word in _WORD.findall(chinese))
+
+
 def english_sentences(text: str) -> list[str]:
     """Each English sentence in ``text``, its words joined by single spaces."""
     found, run = [], []
+    kept = _chinese_terms_latin()
+
+    def sentence(words: list[str]) -> list[str]:
+        """The run, where it is one: enough words, not all of them a Chinese term's."""
+        return [" ".join(words)] if len(words) >= SENTENCE and set(words) - kept else []
+
     for token in html.unescape(_TAG.sub(" ", _CODE.sub(" `` ", text))).split():
         word = token.strip(_PUNCTUATION)
         if _WORD.fullmatch(word) and not _CAMEL.search(word):
             run.append(word)
         elif word or token == "``":  # a name, a number, code, Chinese: the sentence ends
-            found += [" ".join(run)] if len(run) >= SENTENCE else []
+            found += sentence(run)
             run = []
-    return found + ([" ".join(run)] if len(run) >= SENTENCE else [])
+    return found + sentence(run)
 
 
 PLOTLY = "application/vnd.plotly.v1+json"

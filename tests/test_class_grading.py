@@ -329,10 +329,11 @@ def test_ctrl_c_ends_the_notebook_being_graded_and_keeps_what_was_graded(tmp_pat
     for learner, notebook in (("a-first", synthetic.solved(FIRST)), ("b-waits", waits)):
         (tmp_path / "uploads" / learner).mkdir(parents=True)
         nbformat.write(notebook, tmp_path / "uploads" / learner / f"{FIRST.name}.ipynb")
-    process = subprocess.Popen(
+    process = subprocess.Popen(  # in the foreground, as a terminal runs it (SIGINT heard)
         [sys.executable, "-m", "autograder", "grade-all", "uploads", "--jobs", "1",
          "--cell-timeout", "900", "--json", "r.json"], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in process.stderr:
             if "1/2 a-first" in line:
@@ -453,8 +454,43 @@ def test_ctrl_c_while_a_result_is_recorded_lets_the_recording_finish(monkeypatch
 
     submissions = [Submission(f"{name}.ipynb", name, FIRST.name, None, target=FIRST)
                    for name in ("a", "b", "c")]
-    with pytest.raises(KeyboardInterrupt):
-        classroom.grade(submissions, Template(), runner, on_result)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            classroom.grade(submissions, Template(), runner, on_result)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert recorded == ["a"] and ended == [True]
     assert submissions[1].result is None and submissions[2].result is None
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+
+
+def test_a_grader_started_with_sigint_ignored_keeps_it_ignored():
+    """``nohup grade-all ... &``: a SIGINT is not this run's to act on."""
+    import signal
+
+    from autograder.host import classroom
+    from autograder.host.submission import Submission
+
+    class Template:
+        def template(self, chapter, source):
+            pass
+
+    recorded = []
+
+    def on_result(submission):
+        os.kill(os.getpid(), signal.SIGINT)
+        recorded.append(submission.learner)
+
+    def runner(grader, jobs):
+        yield from ((index, RuntimeError("outcome")) for index in range(len(jobs)))
+
+    submissions = [Submission(f"{name}.ipynb", name, FIRST.name, None, target=FIRST)
+                   for name in ("a", "b")]
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        classroom.grade(submissions, Template(), runner, on_result)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert recorded == ["a", "b"]

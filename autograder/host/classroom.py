@@ -88,10 +88,12 @@ def _stopped_between_results() -> Iterator[threading.Event]:
     """Ctrl-C while a class is graded: the notebooks running end at once (``end_all``), and
     the run stops between two results, never while one is being recorded (a gradebook left
     half written, or a lock held, would keep the run from ending). A second Ctrl-C interrupts
-    wherever it lands. Outside the main thread (a hub's service), Ctrl-C is not this run's."""
+    wherever it lands. Outside the main thread (a hub's service), Ctrl-C is not this run's;
+    where SIGINT is ignored (``nohup ... &``), it stays ignored."""
     stopping = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stopping
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield stopping  # not this run's Ctrl-C, or ignored (a grader started in the background)
         return
 
     def stop(*_: object) -> None:
