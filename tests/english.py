@@ -14,6 +14,7 @@ and end a sentence; HTML tags are markup, and do not.
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ _CAMEL = re.compile(r"[a-z][A-Z]")
 _PUNCTUATION = "\"'“”‘’()[]{}<>,.;:!?…*|/=+-–—~#&"  # around a word, or a token of its own
 
 
+@functools.cache
 def _chinese_terms_latin() -> frozenset[str]:
     """The Latin words the glossary's Chinese terms keep (null 块, KV 缓存, token 预算): Chinese
     text, not English, where a Chinese page shows them."""
