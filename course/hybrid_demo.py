@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import plotly.graph_objects as go
 import torch
 
+from course.charts import lines_chart
 from course.chunked_scheduler import ChunkedRequest
 from course.hybrid_engine import HybridEngine, serve
 from course.hybrid_manager import HybridBlockManager
 from course.hybrid_models import HybridModel
 from course.hybrid_prefix import HybridPrefixCache
-from course.hybrid_sim import serve_hybrid
+from course.hybrid_sim import HybridCacheReport, serve_hybrid
 from course.hybrid_sizing import Sizing
+from course.language import tr
+from course.prefix_sim import PrefixRequest, chat, few_shot, multi_turn
 from course.tiny_model import TinyModel, generate_contiguous
 
 GiB = 2**30
@@ -34,22 +39,46 @@ def bytes_series(request_bytes: Sizing, models: Sequence[HybridModel],
     return series
 
 
-def hit_rate_rows(workloads: dict[str, list], window: int, block_size: int,
+def hit_rate_workloads() -> dict[str, list[PrefixRequest]]:
+    """Chapter 4's three workloads, smaller (32 chat and few-shot requests, 8 conversations of
+    4 turns), by name in the learner's language."""
+    return {tr("chat"): chat(32), tr("few-shot"): few_shot(32), tr("multi-turn"): multi_turn(8)}
+
+
+@dataclass(frozen=True)
+class HitRateRow:
+    """One workload in one pool, served all full attention and with a sliding window."""
+
+    workload: str
+    blocks: int
+    full: HybridCacheReport
+    hybrid: HybridCacheReport
+
+
+def hit_rate_rows(workloads: dict[str, list[PrefixRequest]], window: int, block_size: int,
                   pools: Sequence[int], allocate_slots: Callable | None = None,
-                  hybrid_hit: Callable | None = None) -> list[tuple[str, int, float, float]]:
-    """(workload, blocks in the pool, hit rate all full attention, hit rate with a sliding
-    window of ``window`` tokens in half the layers) for each workload and pool size, through
-    a prefix cache that allocates with ``allocate_slots`` and finds each hit with
-    ``hybrid_hit`` (the course's where not given)."""
+                  hybrid_hit: Callable | None = None) -> list[HitRateRow]:
+    """Each workload in each pool, all full attention and with a sliding window of ``window``
+    tokens in half the layers, through a prefix cache that allocates with ``allocate_slots``
+    and finds each hit with ``hybrid_hit`` (the course's where not given)."""
     cache = learners_manager(HybridPrefixCache, allocate_slots, hybrid_hit)
-    rows = []
-    for name, requests in workloads.items():
-        for pool in pools:
-            full = serve_hybrid(requests, [None, None], block_size, pool, manager_class=cache)
-            hybrid = serve_hybrid(requests, [window, None], block_size, pool,
-                                  manager_class=cache)
-            rows.append((name, pool, full.hit_rate, hybrid.hit_rate))
-    return rows
+    return [HitRateRow(name, pool,
+                       serve_hybrid(requests, [None, None], block_size, pool,
+                                    manager_class=cache),
+                       serve_hybrid(requests, [window, None], block_size, pool,
+                                    manager_class=cache))
+            for name, requests in workloads.items() for pool in pools]
+
+
+def hit_rate_chart(rows: list[HitRateRow]) -> go.Figure:
+    """Hit rate against pool size: a line per workload and kind of model."""
+    pools = list(dict.fromkeys(row.blocks for row in rows))
+    kinds = {tr("all full"): lambda row: row.full, tr("hybrid"): lambda row: row.hybrid}
+    series = {f"{name}, {kind}": [report(row).hit_rate for row in rows if row.workload == name]
+              for name in dict.fromkeys(row.workload for row in rows)
+              for kind, report in kinds.items()}
+    return lines_chart(pools, series, title=tr("Prefix hit rate against pool size"),
+                       x_title=tr("blocks in the pool"), y_title=tr("hit rate"))
 
 
 def learners_manager(manager_class: type[HybridBlockManager], allocate_slots: Callable | None

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-FULL, SLIDING, STATE = "full attention", "sliding window", "state"
+from course.language import tr, tr_later
+
+FULL, SLIDING, STATE = tr_later("full attention"), tr_later("sliding window"), tr_later("state")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,19 @@ class LayerGroup:
     head_dim: int = 0
     window: int | None = None
     state_elements: int = 0
+
+    @property
+    def label(self) -> str:
+        """How a table names the group, in the learner's language: its layers and kind, and a
+        sliding window's length."""
+        if self.kind == SLIDING:
+            return tr(f"{self.num_layers} sliding window ({self.window} tokens)")
+        return f"{self.num_layers} {self.kind_name}"
+
+    @property
+    def kind_name(self) -> str:
+        """The group's kind, in the learner's language."""
+        return tr(self.kind)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 own GPU pool (a CPU tier, another engine).
 
 It is vLLM V1's ``KVConnectorBase_V1`` (``vllm/distributed/kv_transfer/kv_connector/v1/base.py``,
-read at commit 003df29), whose concrete connectors split it in two, as here: a scheduler half
+vLLM 0.34.0, commit 62d4bc3c7), whose concrete connectors split it in two, as here: a scheduler half
 that decides what moves and holds no KV, and a worker half that moves KV and knows no policy.
 The only things that pass between them are the metadata the scheduler half builds each step
 and the output the worker half reports after it::

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course.kv_sizing import kv_bytes_per_token
+from course.language import tr
 from course.models import MODELS, ModelConfig
 from course.serving_sim import CostModel
 
@@ -56,6 +57,10 @@ class TransferCost:
     def should_load(self, num_tokens: int, block_size: int = 16) -> bool:
         """Load when it is strictly faster than computing again."""
         return self.load_seconds(num_tokens, block_size) < self.recompute_seconds(num_tokens)
+
+    def faster(self, num_tokens: int, block_size: int = 16) -> str:
+        """The faster way to a prefix of ``num_tokens`` tokens, in the learner's language."""
+        return tr("load") if self.should_load(num_tokens, block_size) else tr("compute again")
 
 
 def _positive(num_tokens: int) -> None:

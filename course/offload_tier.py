@@ -2,8 +2,11 @@
 that this tier holds is loaded back instead of computed again (chapter 11).
 
 The tier is a pool of ``num_blocks`` CPU blocks, each holding one GPU block's K/V, keyed by the
-block's prefix key (chapter 4's ``prefix_keys``). Its interface is vLLM's ``OffloadingManager``
-(``vllm/v1/kv_offload/abstract.py``, vLLM 0.34.0), which runs in the scheduler::
+block's prefix key (chapter 4's ``prefix_keys``). Its interface follows vLLM's
+``OffloadingManager`` (``vllm/v1/kv_offload/base.py``, vLLM 0.34.0, commit 62d4bc3c7), which
+runs in the scheduler; vLLM looks a key up at a time (a ``LookupResult``) where this tier counts
+a run of keys, and its policy hears of a request's uses (``CachePolicy.on_request_access``,
+``vllm/v1/kv_offload/cpu/``) where this tier has ``touch``::
 
     lookup(keys)          how many of ``keys``, from the first, are stored (a load can start)
     prepare_load(keys)    the CPU blocks to read; protected from eviction until...
@@ -16,7 +19,8 @@ block's prefix key (chapter 4's ``prefix_keys``). Its interface is vLLM's ``Offl
     GPU prefix cache evicts block k ──store──> CPU tier (LRU or ARC decides what it evicts)
     GPU miss on k, CPU tier has it ──load───> fresh GPU block, no prefill for its tokens
 
-Two eviction policies, as vLLM's ``LRUOffloadingManager`` and ``ARCOffloadingManager``:
+Two eviction policies, as vLLM's ``LRUCachePolicy`` and ``ARCCachePolicy``
+(``vllm/v1/kv_offload/cpu/policies/``):
 least recently used, and ARC (Megiddo and Modha, "ARC: A Self-Tuning, Low Overhead Replacement
 Cache", FAST 2003), which splits the tier between blocks seen once (T1) and blocks seen again
 (T2) and moves the split ``p`` toward whichever list's recently evicted keys (its ghosts, B1

@@ -24,6 +24,7 @@ from course.connector_engine import (
     connector_schedule_step,
 )
 from course.kv_connector import KVConnectorMetadata
+from course.language import tr
 from course.offload_tier import CPUTier, Key
 from course.offloading_connector import (
     BlockCopy,
@@ -84,6 +85,12 @@ class TierReport:
     def hit_rate(self) -> float:
         """GPU and tier hits together, as a share of the prompt tokens."""
         return (self.gpu_hits + self.tier_hits) / self.prompt_tokens
+
+
+def tier_name(cpu_blocks: int, policy: str) -> str:
+    """How a table names a CPU tier of ``cpu_blocks`` blocks evicting by ``policy`` (none
+    where it has no block), in the learner's language."""
+    return tr(f"{cpu_blocks} blocks, {policy.upper()}") if cpu_blocks else tr("none")
 
 
 def serve_tiered(requests: list[PrefixRequest], block_size: int, gpu_blocks: int,

@@ -60,6 +60,27 @@ def english_sentences(text: str) -> list[str]:
     return found + sentence(run)
 
 
+# Lower-case words a Chinese page keeps as they are: the glossary's Latin words aside, those
+# the Chinese text itself uses (每个 token, 各 notebook) and units.
+KEPT_IN_CHINESE = frozenset({"token", "tokens", "notebook", "prompt", "logit", "logits", "ms",
+                             "us"})
+_LABEL = re.compile(r"[a-z]{2,}(?:-[a-z]+)*")
+
+
+def english_labels(text: str) -> list[str]:
+    """Each English word that labels something in ``text`` ("2 of 3", "load: True", "chat, all
+    full"): a lower-case word outside code, a line citing a web address, the glossary's Latin
+    words and ``KEPT_IN_CHINESE``. A Chinese page shows none."""
+    kept = _chinese_terms_latin() | KEPT_IN_CHINESE
+    found = []
+    for line in html.unescape(_TAG.sub(" ", _CODE.sub(" ", text))).splitlines():
+        if "://" in line:  # a source cited: quoted as it is
+            continue
+        found += [word for token in re.split(r"[\s，。；：（）、]+", line)
+                  if _LABEL.fullmatch(word := token.strip(_PUNCTUATION)) and word not in kept]
+    return found
+
+
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGETS = "application/vnd.jupyter.widget-state+json"
 # What a plotly figure shows a reader: titles (axes', legends' and annotations' too), trace

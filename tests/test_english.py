@@ -8,7 +8,7 @@ against the catalogues in tests/test_translations.py.
 from __future__ import annotations
 
 import pytest
-from english import english_sentences
+from english import english_labels, english_sentences
 
 
 @pytest.mark.parametrize("text", [
@@ -46,3 +46,27 @@ def test_english_prose_is_found(text):
         "file paths", "CamelCase names", "Chinese with identifiers", "Chinese with units"])
 def test_code_names_numbers_and_chinese_are_not_prose(text):
     assert english_sentences(text) == []
+
+
+@pytest.mark.parametrize(("text", "labels"), [
+    ("写入完成后找到： 2 of 3", ["of"]),
+    ("OPT-13B，16 个 token：加载 0.54 ms，load: True", ["load"]),
+    ("CPU 存储级 400 blocks, LRU   命中率  43.2%", ["blocks"]),
+    ("gpt-oss-120b  36  18 sliding window (128 tokens)", ["sliding", "window"]),
+    ("multi-turn, all full", ["multi-turn", "all", "full"]),
+], ids=["a count", "a label before a value", "a unit of the course's", "a table's cell",
+        "a chart's legend"])
+def test_english_labels_are_found(text, labels):
+    assert english_labels(text) == labels
+
+
+@pytest.mark.parametrize("text", [
+    "写入完成后找到：2/3",
+    "每个 token 36,864 字节；最大 logit 差 7.2e-06",
+    "gpt-oss-120b: https://huggingface.co/openai/gpt-oss-120b (sliding_window if layer_idx % 2)",
+    "18 滑动窗口（128 个 token），18 全注意力；null 块",
+    "`free` 之后 manager.allocate(seq_id, 3) 返回 True",
+], ids=["a count in Chinese", "words the Chinese text keeps", "a source cited",
+        "glossary terms", "code"])
+def test_chinese_with_names_and_kept_words_has_no_label(text):
+    assert english_labels(text) == []

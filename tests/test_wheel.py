@@ -29,7 +29,7 @@ import nbformat
 import pytest
 import torch
 from conftest import CHAPTERS, LEARNED, REPO
-from english import english_sentences, shown
+from english import english_labels, english_sentences, shown
 from notebook_variants import without_hidden_tests
 from run_notebooks import errors
 
@@ -162,10 +162,10 @@ def test_a_chinese_solution_speaks_chinese(chapter, wheel_env):
     setup = next(c for c in notebook.cells if c.cell_type == "code")
     said = "".join(o.get("text", "") for o in setup.outputs)
     assert "解释器" in said or "GPU 模式" in said, said
-    english = [f"{cell}, {output}: {sentence!r}" for cell, output, text in shown(notebook)
-               for sentence in english_sentences(text)]
-    assert not english, (f"{len(english)} English sentences in {chapter.name}'s outputs, "
-                         "in Chinese:\n" + "\n".join(english[:30]))
+    english = [f"{cell}, {output}: {said!r}" for cell, output, text in shown(notebook)
+               for said in english_sentences(text) + english_labels(text)]
+    assert not english, (f"{len(english)} English sentences or labels in {chapter.name}'s "
+                         "outputs, in Chinese:\n" + "\n".join(english[:30]))
 
 
 def _fails_only_where_a_learner_expects(notebook) -> dict[str, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from attacks import attacked, attacks_in, stopped_by_the_seal
 from conftest import CHAPTERS, grade, graded_together, max_points, selected
+from english import english_labels, english_sentences
 from notebook_variants import given_cells_edited
 
 from autograder.host.chapters import EXERCISES
@@ -54,6 +55,7 @@ def test_a_chinese_solution_grades_full_marks_and_its_exercise_zero_in_chinese(c
     assert all("还没有实现" in t["message"] for t in unfilled["tests"]), [
         t["message"] for t in unfilled["tests"]]
     assert f"得分：{full:g} / {full:g}" in shown and "通过" in shown, shown
+    assert english_sentences(shown) == english_labels(shown) == [], shown
 
 
 @pytest.mark.pipeline
