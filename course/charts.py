@@ -114,6 +114,11 @@ def block_size_sweep_chart(sweeps: dict[str, list]) -> go.Figure:
     return localized(figure)
 
 
+def batch_name(batch: int) -> str:
+    """A series' name for a batch of ``batch`` sequences, in the learner's language."""
+    return tr(f"batch {batch}")
+
+
 def lines_chart(x: list, series: dict[str, list[float]], title: str, x_title: str,
                 y_title: str, log_x: bool = False) -> go.Figure:
     """One line per series over a shared x axis."""

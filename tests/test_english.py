@@ -66,7 +66,9 @@ def test_english_labels_are_found(text, labels):
     "gpt-oss-120b: https://huggingface.co/openai/gpt-oss-120b (sliding_window if layer_idx % 2)",
     "18 滑动窗口（128 个 token），18 全注意力；null 块",
     "`free` 之后 manager.allocate(seq_id, 3) 返回 True",
+    "allocate 通过了可见测试。使用你的 free_skipped_blocks。",
+    "     4    40  recompute       24 ...      2    90       swap       24",
 ], ids=["a count in Chinese", "words the Chinese text keeps", "a source cited",
-        "glossary terms", "code"])
+        "glossary terms", "code", "a TODO's name", "a value as the code spells it"])
 def test_chinese_with_names_and_kept_words_has_no_label(text):
     assert english_labels(text) == []
