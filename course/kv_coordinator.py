@@ -265,3 +265,7 @@ class KVCacheCoordinator:
 
     def num_free(self) -> int:
         return self.pool.num_free()
+
+    def num_held(self) -> int:
+        """Blocks some request holds (the null block aside)."""
+        return self.pool.num_blocks - 1 - self.pool.num_free()
