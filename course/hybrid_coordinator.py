@@ -22,7 +22,7 @@ block under full attention, the window's last ones under a sliding window, null 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from course.hybrid_cache import (
     free_skipped_blocks,
@@ -39,7 +39,11 @@ from course.kv_coordinator import (
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
-    """A sliding window of ``window`` tokens: a query sees its last ``window`` tokens."""
+    """A sliding window of ``window`` tokens: a query sees its last ``window`` tokens. Its two
+    rules are chapter 10's functions (a demonstration's subclass sets a learner's)."""
+
+    skip = staticmethod(free_skipped_blocks)
+    window_hit = staticmethod(sliding_window_hit)
 
     def __init__(self, pool, group: int, block_size: int, window: int) -> None:
         if window < 1:
@@ -48,7 +52,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.window = window
 
     def hit_length(self, cached: set[int], max_length: int) -> int:
-        return sliding_window_hit(cached, max_length, self.block_size, self.window)
+        return self.window_hit(cached, max_length, self.block_size, self.window)
 
     def hit_blocks(self, keys: Sequence[str], hit: int) -> list[int]:
         unseen = min(skipped_tokens(hit, self.window) // self.block_size, hit // self.block_size)
@@ -59,18 +63,40 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         table = self.tables.get(request_id)
         if table is None:
             return []
-        return free_skipped_blocks(table, num_computed, self.window, self.block_size)
+        return self.skip(table, num_computed, self.window, self.block_size)
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     """Chapter 9's coordinator for a model whose groups may slide: a manager per group of its
-    kind, and a hit every group accepts."""
+    kind, and a hit every group accepts (``hybrid_hit``; a demonstration's subclass sets a
+    learner's)."""
+
+    sliding_manager: type[SlidingWindowManager] = SlidingWindowManager
+    agreed_hit = staticmethod(hybrid_hit)
 
     def manager_for(self, group: int, window: int | None) -> SingleTypeKVCacheManager:
         if window is None:
             return FullAttentionManager(self.pool, group, self.block_size)
-        return SlidingWindowManager(self.pool, group, self.block_size, window)
+        return self.sliding_manager(self.pool, group, self.block_size, window)
 
     def find_longest_cache_hit(self, cached: list[set[int]], num_tokens: int) -> int:
-        return hybrid_hit(list(zip(cached, self.windows, strict=True)), num_tokens,
-                          self.block_size)
+        return self.agreed_hit(list(zip(cached, self.windows, strict=True)), num_tokens,
+                               self.block_size)
+
+
+def learners_kv_cache(free_skipped_blocks: Callable | None = None,
+                      sliding_window_hit: Callable | None = None,
+                      hybrid_hit: Callable | None = None) -> type[HybridKVCacheCoordinator]:
+    """``HybridKVCacheCoordinator`` with a learner's functions where given: a sliding group
+    skipping blocks by ``free_skipped_blocks`` and finding hits by ``sliding_window_hit``, and
+    every group agreeing by ``hybrid_hit``."""
+    manager: dict = {}
+    if free_skipped_blocks is not None:
+        manager["skip"] = staticmethod(free_skipped_blocks)
+    if sliding_window_hit is not None:
+        manager["window_hit"] = staticmethod(sliding_window_hit)
+    own: dict = {"sliding_manager": type("SlidingWindowManager", (SlidingWindowManager,),
+                                         manager)}
+    if hybrid_hit is not None:
+        own["agreed_hit"] = staticmethod(hybrid_hit)
+    return type("HybridKVCacheCoordinator", (HybridKVCacheCoordinator,), own)
