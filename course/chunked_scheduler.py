@@ -107,13 +107,13 @@ class ChunkedScheduler:
         self.waiting: deque[ChunkedRequest] = deque()
 
     def add(self, request: ChunkedRequest) -> None:
-        """Queue a request; refuse one whose full-attention blocks at full length could never
-        fit in the pool (the null block aside)."""
-        full_groups = sum(1 for window in self.kv_cache.windows if window is None)
-        blocks = -(-(len(request.prompt) + request.output_len) // self.block_size) * full_groups
+        """Queue a request; refuse one that the whole pool (the null block aside) could
+        never hold, every group's blocks together, even run alone."""
+        prompt, total = len(request.prompt), len(request.prompt) + request.output_len
+        blocks = self.kv_cache.most_blocks(prompt, total, self.max_num_batched_tokens)
         if blocks > self.kv_cache.pool.num_blocks - 1:
-            raise ValueError(f"request {request.id} needs {blocks} blocks at full length; the "
-                             f"pool has {self.kv_cache.pool.num_blocks - 1}")
+            raise ValueError(f"request {request.id} needs {blocks} blocks at once; the pool "
+                             f"has {self.kv_cache.pool.num_blocks - 1}")
         self.waiting.append(request)
 
     def finish(self, request: ChunkedRequest) -> None:

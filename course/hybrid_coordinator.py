@@ -59,6 +59,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return [NULL_BLOCK] * unseen + [self.pool.cached[self.group, key]
                                         for key in keys[unseen:hit // self.block_size]]
 
+    def blocks_held(self, num_computed: int, num_new: int) -> int:
+        skipped = skipped_tokens(num_computed, self.window) // self.block_size
+        return super().blocks_held(num_computed, num_new) - skipped
+
     def remove_skipped_blocks(self, request_id: int, num_computed: int) -> list[int]:
         table = self.tables.get(request_id)
         if table is None:

@@ -143,6 +143,11 @@ class SingleTypeKVCacheManager:
         taken out of the request's table (the pool takes them back)."""
         return []
 
+    def blocks_held(self, num_computed: int, num_new: int) -> int:
+        """The blocks a request holds in this group for a step that computes ``num_new``
+        tokens after ``num_computed`` (with no prefix hit)."""
+        return -(-(num_computed + num_new) // self.block_size)
+
     def num_blocks_to_allocate(self, request_id: int, num_tokens: int,
                                hit: Sequence[int]) -> int:
         """Blocks to take for the request to hold ``num_tokens`` tokens: new ones past its
@@ -208,6 +213,18 @@ class KVCacheCoordinator:
             raise ValueError("several groups: chapter 10's HybridKVCacheCoordinator")
         max_length = (num_tokens - 1) // self.block_size * self.block_size
         return self.managers[0].hit_length(cached[0], max_length)
+
+    def most_blocks(self, prompt_len: int, num_tokens: int, chunk: int) -> int:
+        """The most blocks a request of ``num_tokens`` tokens holds at once, in every group
+        together, run alone: its first ``prompt_len`` in chunks of ``chunk``, then one a
+        step. A pool that cannot hold them can never serve it."""
+        steps, computed = [], 0
+        while computed < num_tokens:
+            new = min(chunk, prompt_len - computed) if computed < prompt_len else 1
+            steps.append((computed, new))
+            computed += new
+        return max((sum(m.blocks_held(c, n) for m in self.managers) for c, n in steps),
+                   default=0)
 
     def get_computed_tokens(self, request: Request) -> int:
         """The tokens of ``request``'s longest prefix hit (0 without caching); nothing
