@@ -97,9 +97,7 @@ PARTS = {parts.slug: parts for parts in [
         "course.chunked_engine", "engine_step")),
     Parts("10_hybrid_models", _all("course.hybrid_sizing", "request_bytes") | _all(
         "course.hybrid_cache", "free_skipped_blocks", "sliding_window_hit", "hybrid_hit") | _all(
-        "course.hybrid_manager:HybridBlockManager", "allocate_slots") | _all(
-        "kernels.sliding_window_attention", "window_first_key"),
-        skeleton="course.hybrid_manager:HybridBlockManager"),
+        "kernels.sliding_window_attention", "window_first_key")),
     Parts("11_kv_beyond_one_gpu", _all(
         "course.offloading_connector:OffloadingConnectorScheduler", "get_num_new_matched_tokens",
         "build_connector_meta") | _all("course.connector_engine", "admit_with_connector"),

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -31,10 +32,10 @@ from course.chunked_scheduler import (
     Chunk,
     ChunkedRequest,
     ChunkedScheduler,
-    ComputedPrefixCache,
     Schedule,
     schedule_step,
 )
+from course.kv_coordinator import KVCacheCoordinator
 from course.paged_engine import KVPool
 from course.tiny_model import TinyModel
 from kernels.paged_attention_ref import write_kv
@@ -44,7 +45,9 @@ from kernels.varlen_attention_ref import varlen_paged_attention
 @dataclass
 class VarlenBatch:
     """The tensors one step needs: its chunks' tokens packed, one row per token, and per
-    request where its tokens start and what it attends over (vLLM's attention metadata)."""
+    request where its tokens start and what it attends over (vLLM's attention metadata).
+    ``slot_mapping`` and ``block_tables`` are the first KV-cache group's; a model of several
+    groups has each group's in ``group_slots`` and ``group_tables``."""
 
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64: each token's position in its request
@@ -52,16 +55,42 @@ class VarlenBatch:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: request r's tokens start here
     seq_lens: torch.Tensor  # [num_seqs] int32: context after this step (cached + new)
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
+    group_slots: list[torch.Tensor] = field(default_factory=list)  # per group, as slot_mapping
+    group_tables: list[torch.Tensor] = field(default_factory=list)  # per group, as block_tables
 
     def to(self, device: torch.device | str) -> VarlenBatch:
         return VarlenBatch(*(t.to(device) for t in (
             self.input_ids, self.positions, self.slot_mapping, self.query_start_loc,
-            self.seq_lens, self.block_tables)))
+            self.seq_lens, self.block_tables)),
+            [t.to(device) for t in self.group_slots], [t.to(device) for t in self.group_tables])
 
 
-def build_varlen_batch(manager: ComputedPrefixCache, chunks: list[Chunk]) -> VarlenBatch:
+class Tables(Protocol):
+    """Where a batch finds its requests' block tables: a group of the KV cache."""
+
+    block_size: int
+
+    def block_table(self, request_id: int) -> list[int]: ...
+
+
+@dataclass
+class GroupTables:
+    """Group ``group``'s block tables in ``kv_cache``, as ``build_varlen_batch`` reads them."""
+
+    kv_cache: KVCacheCoordinator
+    group: int = 0
+
+    @property
+    def block_size(self) -> int:
+        return self.kv_cache.block_size
+
+    def block_table(self, request_id: int) -> list[int]:
+        return self.kv_cache.block_table(request_id, self.group)
+
+
+def build_varlen_batch(manager: Tables, chunks: list[Chunk]) -> VarlenBatch:
     """The batch of ``chunks``: chunk c computes positions c.start .. c.end - 1 of its
-    request, whose slots ``manager`` holds."""
+    request, whose slots ``manager`` holds (a group's tables)."""
     ids, positions, slots, starts, lengths, tables = [], [], [], [0], [], []
     for chunk in chunks:
         table, size = manager.block_table(chunk.request.id), manager.block_size
@@ -106,20 +135,41 @@ class ChunkRecord:
 class ChunkedEngine:
     """The tiny model behind a ``ChunkedScheduler`` and a KV pool.
 
+    The model's layers fall into KV-cache groups by their window (``model.config.windows``;
+    None: full attention), in the order layers first have them; every group has as many
+    layers, and a group's ``i``-th layer keeps its K/V in the pool's ``i``-th place (block
+    tensors shared by the groups: a block belongs to one group's table at a time, so the
+    pool costs a group's layers, not all of them, as vLLM's hybrid KV cache manager does).
+    ``kv_cache`` builds the KV cache from (num_blocks, block_size, windows, enable_caching):
+    chapter 9's ``KVCacheCoordinator``, or chapter 10's for sliding windows.
+
     ``schedule`` is the scheduling step (by default ``schedule_step``), ``step`` the model
     step (by default ``engine_step``), ``attention`` the variable-length paged attention (by
-    default the Triton kernel on a CUDA GPU, else ``varlen_paged_attention``).
+    default the Triton kernel on a CUDA GPU, else ``varlen_paged_attention``), and
+    ``window_attention`` the same within a sliding window (chapter 10's; it takes the window
+    before the scale).
     """
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
                  max_num_batched_tokens: int, max_num_seqs: int = 64,
                  attention: Callable | None = None, schedule: Callable | None = None,
-                 step: Callable | None = None) -> None:
+                 step: Callable | None = None, kv_cache: Callable = KVCacheCoordinator,
+                 window_attention: Callable | None = None, enable_caching: bool = True) -> None:
+        c = model.config
+        windows = [c.window(layer) for layer in range(c.num_layers)]
+        kinds = list(dict.fromkeys(windows))
+        self.group_layers = [[i for i, w in enumerate(windows) if w == kind] for kind in kinds]
+        if len({len(layers) for layers in self.group_layers}) != 1:
+            raise ValueError(f"every group needs as many layers (windows {windows})")
+        self.place = {layer: (group, index) for group, layers in enumerate(self.group_layers)
+                      for index, layer in enumerate(layers)}
         self.model = model
-        self.scheduler = ChunkedScheduler(num_blocks, block_size, max_num_batched_tokens,
-                                          max_num_seqs)
-        self.pool = KVPool.empty(model, num_blocks, block_size)
+        self.scheduler = ChunkedScheduler(
+            num_blocks, block_size, max_num_batched_tokens, max_num_seqs,
+            kv_cache(num_blocks, block_size, kinds, enable_caching))
+        self.pool = KVPool.empty(model, num_blocks, block_size, len(self.group_layers[0]))
         self.attention = attention or default_attention(model.embedding.device)
+        self.window_attention = window_attention
         self.schedule = schedule or schedule_step
         self.model_step = step or engine_step
         self.records: list[ChunkRecord] = []
@@ -129,12 +179,18 @@ class ChunkedEngine:
         self.steps = 0
 
     @property
-    def manager(self) -> ComputedPrefixCache:
-        return self.scheduler.manager
+    def kv_cache(self) -> KVCacheCoordinator:
+        return self.scheduler.kv_cache
 
     def build_batch(self, plan: Schedule) -> VarlenBatch:
-        """The step's batch, on the model's device."""
-        return build_varlen_batch(self.manager, plan.chunks).to(self.model.embedding.device)
+        """The step's batch, on the model's device: the first group's, with every group's
+        slots and block tables."""
+        groups = [build_varlen_batch(GroupTables(self.kv_cache, group), plan.chunks)
+                  for group in range(len(self.group_layers))]
+        first = groups[0]
+        first.group_slots = [batch.slot_mapping for batch in groups]
+        first.group_tables = [batch.block_tables for batch in groups]
+        return first.to(self.model.embedding.device)
 
     def step(self) -> Schedule:
         """Schedule, note what is to be computed, run the model on the chunks."""
@@ -152,13 +208,25 @@ class ChunkedEngine:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                batch: VarlenBatch) -> torch.Tensor:
         """Layer ``layer``'s attention, as vLLM's ``Attention`` layer runs it: write the new
-        tokens' ``k`` and ``v`` at the batch's slots (chapter 6's ``write_kv``) before
-        attending, since each token attends to itself; then ``self.attention`` over the layer's
-        paged cache. A connector waits and saves around it (``course.connector_engine``)."""
-        k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
-        write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-        return self.attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
-                              batch.block_tables, self.model.scale)
+        tokens' ``k`` and ``v`` at the batch's slots in the layer's group (chapter 6's
+        ``write_kv``) before attending, since each token attends to itself; then
+        ``self.attention`` over the layer's place in the pool, through its group's block
+        tables, within its window if it has one. A connector waits and saves around it
+        (``course.connector_engine``)."""
+        group, place = self.place[layer]
+        k_cache, v_cache = self.pool.k[place], self.pool.v[place]
+        slots = batch.group_slots[group] if batch.group_slots else batch.slot_mapping
+        tables = batch.group_tables[group] if batch.group_tables else batch.block_tables
+        write_kv(k_cache, v_cache, k, v, slots)
+        window = self.model.config.window(layer)
+        if window is None:
+            return self.attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
+                                  tables, self.model.scale)
+        if self.window_attention is None:
+            raise ValueError(f"layer {layer} slides (a window of {window}): give the engine "
+                             "chapter 10's window_attention")
+        return self.window_attention(q, k_cache, v_cache, batch.query_start_loc,
+                                     batch.seq_lens, tables, window, self.model.scale)
 
     def note(self, plan: Schedule) -> None:
         """Record the step's chunks by kind, and the prompt tokens a first admission skips."""

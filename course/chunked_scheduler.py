@@ -16,10 +16,11 @@ prefill); a prefix-cache hit only sets where a request starts (``num_computed_to
 preemption by recompute sets it back to zero. One function decides the step,
 ``schedule_step``; its rules are in its docstring.
 
-Blocks: a request is given blocks for all of its tokens when admitted (chapter 4's
-``allocate``, which also finds the hits) and one more slot each time it has a new token
-(``append_slot``). The prefix cache here caches a full block only once its K/V are computed
-(``ComputedPrefixCache``), so a hit never reads a block another request is still filling.
+Blocks come from the KV cache, in vLLM V1's shape (``course.kv_coordinator``): the step asks
+``kv_cache.allocate_slots(request, n)`` for room for a request's next ``n`` tokens, and a new
+request starts from ``kv_cache.get_computed_tokens(request)``, its prefix hit. After the step
+the blocks its chunks completed are cached (``cache_blocks``), so a hit never reads a block
+another request is still filling.
 
 Answers are the bodies between ``### BEGIN SOLUTION`` and ``### END SOLUTION``: chapter 9's
 notebook renders its cells from them, and a learner edition replaces them with stubs.
@@ -31,8 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from course.block_manager import NoFreeBlocksError
-from course.prefix_cache import PrefixCachingBlockManager
+from course.kv_coordinator import KVCacheCoordinator
 
 
 @dataclass(eq=False)
@@ -92,56 +92,14 @@ class Schedule:
         return sum(c.num_tokens for c in self.chunks)
 
 
-class ComputedPrefixCache(PrefixCachingBlockManager):
-    """Chapter 4's prefix-caching BlockManager, caching a full block only once its K/V are
-    computed: ``mark_computed(seq_id, n)`` says the sequence's first ``n`` tokens are."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        super().__init__(num_blocks, block_size)
-        self.computed: dict[int, int] = {}
-
-    def _cache_full_blocks(self, seq_id: int) -> None:
-        """Chapter 4's caching of the sequence's full blocks, keyed by its computed tokens
-        only: a full block some of whose tokens are not computed yet is not cached."""
-        tokens = self.tokens[seq_id]
-        computed = min(self.computed.get(seq_id, 0), len(tokens))
-        self.tokens[seq_id] = tokens[:computed]  # key only the computed blocks
-        try:
-            super()._cache_full_blocks(seq_id)
-        finally:
-            self.tokens[seq_id] = tokens
-
-    def allocate(self, seq_id: int, tokens: list[int], extra_keys: tuple = ()) -> int:
-        """Chapter 4's ``allocate``: blocks for every one of ``tokens``, returning the prefix
-        hits; the hit tokens count as computed. Nothing changes when it raises."""
-        self.computed[seq_id] = 0
-        try:
-            hits = super().allocate(seq_id, tokens, extra_keys)
-        except BaseException:
-            del self.computed[seq_id]
-            raise
-        self.mark_computed(seq_id, hits)
-        return hits
-
-    def mark_computed(self, seq_id: int, num_computed: int) -> None:
-        """The sequence's first ``num_computed`` tokens have their K/V (a total, not an
-        increment); its full blocks among them become cacheable."""
-        self.computed[seq_id] = num_computed
-        self._cache_full_blocks(seq_id)
-
-    def free(self, seq_id: int) -> None:
-        """Chapter 4's ``free``; the sequence's computed count goes with its blocks."""
-        super().free(seq_id)
-        self.computed.pop(seq_id, None)
-
-
 class ChunkedScheduler:
-    """Running and waiting requests over a ``ComputedPrefixCache``; ``step`` runs a
-    scheduling step (``schedule_step``, or the function given) and records what is computed."""
+    """Running and waiting requests over a KV cache (``kv_cache``: by default chapter 9's
+    ``KVCacheCoordinator`` of one full-attention group; ``step`` runs a scheduling step
+    (``schedule_step``, or the function given) and caches what it computed."""
 
     def __init__(self, num_blocks: int, block_size: int, max_num_batched_tokens: int,
-                 max_num_seqs: int = 64) -> None:
-        self.manager = ComputedPrefixCache(num_blocks, block_size)
+                 max_num_seqs: int = 64, kv_cache: KVCacheCoordinator | None = None) -> None:
+        self.kv_cache = kv_cache or KVCacheCoordinator(num_blocks, block_size)
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -149,56 +107,58 @@ class ChunkedScheduler:
         self.waiting: deque[ChunkedRequest] = deque()
 
     def add(self, request: ChunkedRequest) -> None:
-        """Queue a request; refuse one that could never fit in the whole pool."""
-        blocks = -(-(len(request.prompt) + request.output_len) // self.block_size)
-        if blocks > self.manager.num_blocks:
-            raise ValueError(f"request {request.id} needs {blocks} blocks at full length; the "
-                             f"pool has {self.manager.num_blocks}")
+        """Queue a request; refuse one that the whole pool (the null block aside) could
+        never hold, every group's blocks together, even run alone."""
+        prompt, total = len(request.prompt), len(request.prompt) + request.output_len
+        blocks = self.kv_cache.most_blocks(prompt, total, self.max_num_batched_tokens)
+        if blocks > self.kv_cache.pool.num_blocks - 1:
+            raise ValueError(f"request {request.id} needs {blocks} blocks at once; the pool "
+                             f"has {self.kv_cache.pool.num_blocks - 1}")
         self.waiting.append(request)
 
     def finish(self, request: ChunkedRequest) -> None:
         """A done request leaves; its blocks go back to the pool (cached ones evictable)."""
         self.running.remove(request)
-        self.manager.free(request.id)
+        self.kv_cache.free(request)
 
     def busy(self) -> bool:
         return bool(self.running or self.waiting)
 
     def step(self, schedule: Any = None) -> Schedule:
-        """One scheduling step; then the blocks its chunks complete become cacheable."""
+        """One scheduling step; then the blocks its chunks complete are cached."""
         plan = (schedule or schedule_step)(self)
         for chunk in plan.chunks:
-            self.manager.mark_computed(chunk.request.id, chunk.request.num_computed_tokens)
+            self.kv_cache.cache_blocks(chunk.request)
         return plan
 
 
 def schedule_step(scheduler: ChunkedScheduler) -> Schedule:
-    """Decide one step. ``budget`` starts at ``scheduler.max_num_batched_tokens``.
+    """Decide one step. ``budget`` starts at ``scheduler.max_num_batched_tokens``; ``kv`` is
+    ``scheduler.kv_cache``.
 
     1. Running requests, in order (``scheduler.running``, oldest first), while the budget is
-       above 0: first every token of the request without a slot gets one, in order (while
-       ``manager.seq_len(id) < request.num_tokens``:
-       ``manager.append_slot(id, request.tokens[manager.seq_len(id)])``). When that raises
-       ``NoFreeBlocksError``, preempt the newest running request (the last of
-       ``scheduler.running``) by recompute: take it out of ``running``, free its blocks, set
-       its ``num_computed_tokens`` to 0, put it at the front of ``waiting``, note its id in
-       ``preempted``; then try this request again, unless the request preempted was this one
-       (the newest: no running request is left after it, and the pass ends). Then schedule
-       ``min(request.num_tokens - request.num_computed_tokens, budget)`` tokens.
+       above 0: ``num_new = min(request.num_tokens - request.num_computed_tokens, budget)``;
+       ask ``kv.allocate_slots(request, num_new)`` for their slots. While it returns
+       ``False``, preempt the newest running request (the last of ``scheduler.running``) by
+       recompute: take it out of ``running``, ``kv.free(it)``, set its
+       ``num_computed_tokens`` to 0, put it at the front of ``waiting``, note its id in
+       ``preempted``; then ask again, unless the request preempted was this one (no running
+       request is left after it, and the pass ends). Then schedule ``num_new`` tokens.
     2. Waiting requests, only if nothing was preempted this step, first come first served,
-       while the budget is above 0 and fewer than ``max_num_seqs`` requests run: allocate
-       all of its tokens (``hits = manager.allocate(id, request.tokens)``; on
-       ``NoFreeBlocksError`` stop admitting); it leaves ``waiting``, joins the end of
-       ``running`` with ``num_computed_tokens = hits`` (chapter 4's allocate never counts the
-       block that holds the last token: there is always one to compute), and is scheduled
-       ``min(num_tokens - hits, budget)`` tokens.
+       while the budget is above 0 and fewer than ``max_num_seqs`` requests run: its
+       ``num_computed_tokens`` becomes its prefix hit, ``kv.get_computed_tokens(request)``
+       (which never reaches its last token: there is always one to compute);
+       ``num_new = min(request.num_tokens - request.num_computed_tokens, budget)``. If
+       ``kv.allocate_slots(request, num_new)`` returns ``False``, its ``num_computed_tokens``
+       goes back to 0 and admitting stops; else it leaves ``waiting``, joins the end of
+       ``running`` and is scheduled ``num_new`` tokens.
 
     Scheduling ``n`` tokens appends ``Chunk(request, request.num_computed_tokens, n)`` to the
     schedule, takes ``n`` from the budget and adds ``n`` to ``request.num_computed_tokens``
     (the engine computes them this step).
     """
     ### BEGIN SOLUTION
-    manager = scheduler.manager
+    kv = scheduler.kv_cache
     plan = Schedule()
     budget = scheduler.max_num_batched_tokens
 
@@ -211,29 +171,29 @@ def schedule_step(scheduler: ChunkedScheduler) -> Schedule:
     index = 0
     while index < len(scheduler.running) and budget > 0:
         request = scheduler.running[index]
-        try:
-            while manager.seq_len(request.id) < request.num_tokens:
-                manager.append_slot(request.id, request.tokens[manager.seq_len(request.id)])
-        except NoFreeBlocksError:
+        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        while not kv.allocate_slots(request, num_new):
             victim = scheduler.running.pop()
-            manager.free(victim.id)
+            kv.free(victim)
             victim.num_computed_tokens = 0
             scheduler.waiting.appendleft(victim)
             plan.preempted.append(victim.id)
-            continue  # the same request again (or, if it was the victim, the loop ends)
-        run(request, min(request.num_tokens - request.num_computed_tokens, budget))
-        index += 1
+            if victim is request:
+                break  # it was the newest: nothing is left to preempt, the pass ends
+        else:
+            run(request, num_new)
+            index += 1
 
     while (not plan.preempted and scheduler.waiting and budget > 0
            and len(scheduler.running) < scheduler.max_num_seqs):
         request = scheduler.waiting[0]
-        try:
-            hits = manager.allocate(request.id, request.tokens)
-        except NoFreeBlocksError:
+        request.num_computed_tokens = kv.get_computed_tokens(request)
+        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        if not kv.allocate_slots(request, num_new):
+            request.num_computed_tokens = 0
             break
         scheduler.waiting.popleft()
         scheduler.running.append(request)
-        request.num_computed_tokens = hits
-        run(request, min(request.num_tokens - hits, budget))
+        run(request, num_new)
     return plan
     ### END SOLUTION

@@ -93,9 +93,8 @@ def unsettled(engine: ConnectorEngine) -> list[str]:
     its pool, loads in flight, blocks half stored in the tier. Empty when all is settled."""
     scheduler, tier = engine.scheduler, engine.connector.tier
     found = []
-    if engine.manager.num_free_blocks() != engine.manager.num_blocks:
-        found.append(f"{engine.manager.num_blocks - engine.manager.num_free_blocks()} GPU "
-                     "blocks still held")
+    if engine.kv_cache.num_held():
+        found.append(f"{engine.kv_cache.num_held()} GPU blocks still held")
     if scheduler.loading or scheduler.received or scheduler.sending:
         found.append("requests still loading or sending")
     if engine.worker.in_flight.jobs or engine.connector.loading or tier.loading:
@@ -139,7 +138,7 @@ def pair_row(model: TinyModel, scenario: tuple, seed: int = 0, count: int = 12,
     pair = disaggregated_pair(model, *sizes, load_steps, lease_steps, **engine)
     finished = serve_disaggregated(pair, conversations(count, seed), max_steps=1_000)
     identical, largest = compare_with_contiguous(model, finished)
-    empty = all(e.manager.num_free_blocks() == e.manager.num_blocks and not e.scheduler.sending
+    empty = all(not e.kv_cache.num_held() and not e.scheduler.sending
                 for e in (pair.prefill, pair.decode))
     return {"requests": len(finished), "identical": identical,
             "blocks_handed_over": pair.decode.worker.bytes_loaded // pair.decode.worker.block_bytes,
@@ -162,7 +161,7 @@ def abandoned_prefill(model: TinyModel, lease_steps: int = 5, count: int = 6, se
         request.output_len = 1
     finished = serve_chunked(served, requests, max_steps=1_000)
     return {"requests": len(finished),
-            "blocks_held": served.manager.num_blocks - served.manager.num_free_blocks(),
+            "blocks_held": served.kv_cache.num_held(),
             "still_sending": len(served.scheduler.sending), "released": len(handoff.released)}
 
 

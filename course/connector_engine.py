@@ -24,7 +24,6 @@ from collections.abc import Callable
 
 import torch
 
-from course.block_manager import NoFreeBlocksError
 from course.chunked_engine import ChunkedEngine, VarlenBatch
 from course.chunked_scheduler import (
     Chunk,
@@ -62,13 +61,13 @@ class ConnectorScheduler(ChunkedScheduler):
         self.running.remove(request)
         self.finished_ids.add(request.id)
         keep, params = self.connector.request_finished(request,
-                                                       self.manager.block_table(request.id))
+                                                       self.kv_cache.block_table(request.id))
         if params is not None:
             self.transfer_params[request.id] = params
         if keep:
             self.sending[request.id] = request
         else:
-            self.manager.free(request.id)
+            self.kv_cache.free(request)
 
     def update_from_output(self, output: KVConnectorOutput) -> None:
         """The worker's report: failed blocks cut their loading request's computed tokens
@@ -76,46 +75,50 @@ class ConnectorScheduler(ChunkedScheduler):
         size = self.block_size
         for request in self.waiting:
             if request.id in self.loading:
-                table = self.manager.block_table(request.id)
+                table = self.kv_cache.block_table(request.id)
                 failed = [i for i, block in enumerate(table) if block in output.invalid_block_ids]
                 if failed and failed[0] * size < request.num_computed_tokens:
                     self.recomputed_tokens += request.num_computed_tokens - failed[0] * size
                     request.num_computed_tokens = failed[0] * size
         self.received |= output.finished_recving & self.loading
         for request_id in output.finished_sending & set(self.sending):
-            self.sending.pop(request_id)
-            self.manager.free(request_id)
+            self.kv_cache.free(self.sending.pop(request_id))
         self.connector.update_connector_output(output)
 
 
 def admit_with_connector(scheduler: ConnectorScheduler, plan: Schedule) -> None:
     """Admit waiting requests into ``plan`` after the running ones, first come first served,
     while ``plan`` preempted nothing, budget is left (``max_num_batched_tokens`` minus what
-    ``plan`` schedules) and fewer than ``max_num_seqs`` requests run. For each, from the
-    front of ``scheduler.waiting``:
+    ``plan`` schedules) and fewer than ``max_num_seqs`` requests run. ``kv`` is
+    ``scheduler.kv_cache``. For each, from the front of ``scheduler.waiting``:
 
     1. In ``scheduler.loading`` and not in ``scheduler.received``: its load is in flight;
        skip it (it keeps its place and its blocks) and look at the next.
-    2. In ``scheduler.received``: its load is done; it leaves both sets, its
-       ``num_computed_tokens`` (hits and loaded tokens, less what failed) become computed
-       (``manager.mark_computed``), and it runs.
-    3. Otherwise it is new: ``hits = manager.allocate(id, tokens)``; on
-       ``NoFreeBlocksError`` skip it and every new request after it this step (requests
-       whose load is done still run: they hold their blocks, and waiting behind a request
-       that cannot fit while holding them would never end); set ``num_computed_tokens = hits``; ask
+    2. In ``scheduler.received``: its load is done; it leaves both sets, its computed tokens
+       (hits and loaded tokens, less what failed) are cached (``kv.cache_blocks(request)``),
+       and it runs: its blocks, taken when it was admitted, hold every token it knows.
+    3. Otherwise it is new: ``num_computed_tokens`` becomes its GPU hit
+       (``kv.get_computed_tokens(request)``); ask
        ``connector.get_num_new_matched_tokens(request, hits)`` for ``(n, async)``: ``None``
-       means ask again later (free its blocks, skip it); then
-       ``connector.update_state_after_alloc(request, manager.block_table(id), n)`` and add
-       ``n`` to ``num_computed_tokens``. With ``n > 0`` it waits for its load: into
-       ``scheduler.loading``, skipped. With ``n == 0`` it runs.
+       means ask again later (``num_computed_tokens`` back to 0, skip it). Then room, with
+       ``kv.allocate_slots``: with ``n > 0``, for every token it knows after its hit
+       (``num_tokens - hits``: the loaded ones arrive while it waits, and once they have it
+       runs without asking for more), else for the ``num_new`` tokens it runs now.
+       ``False``: its ``num_computed_tokens`` goes back to 0, and it and every new request
+       after it are skipped this step (requests whose load is done still run: they hold
+       their blocks, and waiting behind a request that cannot fit while holding them would
+       never end). Then ``connector.update_state_after_alloc(request, kv.block_table(id),
+       n)``. With ``n > 0`` its ``num_computed_tokens`` grows by ``n`` and it waits for its
+       load: into ``scheduler.loading``, skipped. With ``n == 0`` it runs.
 
-    A request that runs leaves ``waiting``, joins the end of ``running`` and is scheduled
-    ``min(num_tokens - num_computed_tokens, budget)`` tokens as chapter 9's step does
-    (``plan.chunks.append(Chunk(request, start, num_new))``, then ``num_computed_tokens``
-    grows by ``num_new``). The requests skipped keep their order at the front of ``waiting``.
+    ``num_new`` is ``min(num_tokens - num_computed_tokens, budget)``. A request that runs
+    leaves ``waiting``, joins the end of ``running`` and is scheduled ``num_new`` tokens as
+    chapter 9's step does (``plan.chunks.append(Chunk(request, start, num_new))``, then
+    ``num_computed_tokens`` grows by ``num_new``). The requests skipped keep their order at
+    the front of ``waiting``.
     """
     ### BEGIN SOLUTION
-    manager, connector = scheduler.manager, scheduler.connector
+    kv, connector = scheduler.kv_cache, scheduler.connector
     budget = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
     skipped: list[ChunkedRequest] = []
     pool_full = False
@@ -128,27 +131,28 @@ def admit_with_connector(scheduler: ConnectorScheduler, plan: Schedule) -> None:
                 continue
             scheduler.loading.remove(request.id)
             scheduler.received.remove(request.id)
-            manager.mark_computed(request.id, request.num_computed_tokens)
+            kv.cache_blocks(request)
         else:
-            try:
-                if pool_full:
-                    raise NoFreeBlocksError
-                hits = manager.allocate(request.id, request.tokens)
-            except NoFreeBlocksError:
-                pool_full = True  # no new request now; a loaded one holds its blocks
+            if pool_full:  # no new request now; a loaded one holds its blocks
                 skipped.append(request)
                 continue
-            request.num_computed_tokens = hits
+            request.num_computed_tokens = hits = kv.get_computed_tokens(request)
             num_external, _ = connector.get_num_new_matched_tokens(request, hits)
             if num_external is None:
-                manager.free(request.id)
                 request.num_computed_tokens = 0
                 skipped.append(request)
                 continue
-            connector.update_state_after_alloc(request, manager.block_table(request.id),
+            room = request.num_tokens - hits if num_external else \
+                min(request.num_tokens - hits, budget)
+            if not kv.allocate_slots(request, room):
+                request.num_computed_tokens = 0
+                pool_full = True
+                skipped.append(request)
+                continue
+            connector.update_state_after_alloc(request, kv.block_table(request.id),
                                                num_external)
-            request.num_computed_tokens += num_external
             if num_external:
+                request.num_computed_tokens += num_external
                 scheduler.loading.add(request.id)
                 skipped.append(request)
                 continue
@@ -216,7 +220,7 @@ def connector_round(scheduler: ConnectorScheduler, worker: KVConnectorWorker, pl
     """The connector's part of a step around the model's (``run_model``): loads start before,
     saves end after, and the worker's report goes back to the scheduler. It runs also when
     the step computes nothing: loads in flight still land."""
-    tables = {c.request.id: scheduler.manager.block_table(c.request.id) for c in plan.chunks}
+    tables = {c.request.id: scheduler.kv_cache.block_table(c.request.id) for c in plan.chunks}
     worker.bind_connector_metadata(scheduler.connector.build_connector_meta(plan, tables))
     worker.start_load_kv()
     run_model()

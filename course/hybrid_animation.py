@@ -1,8 +1,9 @@
 """One request's block tables in a hybrid model, step by step: a table per group of layers, the
 full-attention group's growing with the request, each sliding-window group's putting the null
 block in place of the blocks its window has left behind; and the pool's free blocks. The frames
-come from the block manager it is given (``allocate_slots``, ``tables``, ``num_free``,
-``free``), so a manager that never frees a skipped block shows no null block.
+come from the KV cache it is given (chapter 9's coordinator: ``allocate_slots``, its managers'
+tables, ``num_free``, ``free``), so a cache whose sliding group never frees a skipped block
+shows no null block.
 
 Core ipywidgets and HTML/CSS only. Stable hooks for browser tests: the view's root element has
 the class ``kv-window-animation`` and ``data-step``, ``data-steps``, ``data-tokens`` (tokens
@@ -20,8 +21,8 @@ from html import escape
 
 import ipywidgets as widgets
 
-from course.hybrid_cache import NULL_BLOCK
-from course.hybrid_manager import HybridBlockManager
+from course.chunked_scheduler import ChunkedRequest
+from course.kv_coordinator import NULL_BLOCK, KVCacheCoordinator
 from course.language import tr
 from course.player import frame_player
 
@@ -49,30 +50,34 @@ class WindowFrame:
     allocated: bool  # what allocate_slots returned (False: the pool was too small)
 
 
-def window_frames(manager: HybridBlockManager, prompt_len: int, output_len: int,
-                  request: int = 0) -> list[WindowFrame]:
-    """The frames of ``request`` on ``manager``: its prompt in step 0, then one token a step
-    for ``output_len`` steps, then a frame once ``manager.free(request)`` gave it all back.
-    A step the pool is too small for is the last frame (``allocated`` False); the request
-    then keeps in ``manager`` what it holds."""
+def window_frames(kv: KVCacheCoordinator, prompt_len: int, output_len: int,
+                  request_id: int = 0) -> list[WindowFrame]:
+    """The frames of a request on ``kv``: its prompt in step 0, then one token a step for
+    ``output_len`` steps, then a frame once ``kv.free(request)`` gave it all back. A step the
+    pool is too small for is the last frame (``allocated`` False); the request then keeps in
+    ``kv`` what it holds. Its tokens are distinct: it finds no prefix hit."""
     if prompt_len < 1 or output_len < 0:
         raise ValueError(f"a request has a prompt of at least one token and no negative "
                          f"output, got prompt_len={prompt_len}, output_len={output_len}")
-    empty = tuple(() for _ in manager.windows)
+    request = ChunkedRequest(request_id, list(range(prompt_len + output_len)), 0)
+    empty = tuple(() for _ in kv.windows)
     frames: list[WindowFrame] = []
-    previous, num_computed = empty, 0
+    previous = empty
     for num_new in [prompt_len] + [1] * output_len:
-        allocated = manager.allocate_slots(request, num_computed, num_new)
-        # copies: the manager changes its lists in place; a new request refused has none
-        tables = tuple(tuple(table) for table in manager.tables.get(request, empty))
-        frames.append(WindowFrame(len(frames), num_computed, num_new, tables,
-                                  manager.num_free(), _freed(previous, tables, manager.windows),
+        allocated = kv.allocate_slots(request, num_new)
+        # copies: the managers change their lists in place; a new request refused has none
+        tables = tuple(tuple(m.tables[request_id]) if request_id in m.tables else ()
+                       for m in kv.managers)
+        frames.append(WindowFrame(len(frames), request.num_computed_tokens, num_new, tables,
+                                  kv.num_free(), _freed(previous, tables, kv.windows),
                                   allocated))
         if not allocated:
             return frames
-        previous, num_computed = tables, num_computed + num_new
-    manager.free(request)
-    frames.append(WindowFrame(len(frames), num_computed, 0, empty, manager.num_free(), 0, True))
+        previous = tables
+        request.num_computed_tokens += num_new
+    kv.free(request)
+    frames.append(WindowFrame(len(frames), request.num_computed_tokens, 0, empty, kv.num_free(),
+                              0, True))
     return frames
 
 

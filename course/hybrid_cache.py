@@ -23,7 +23,7 @@ always computed (its logits give the next token), so a hit stops short of it.
 
 from __future__ import annotations
 
-NULL_BLOCK = 0  # the pool's block 0: stands in a table for a block no longer needed
+from course.kv_coordinator import NULL_BLOCK, full_attention_hit
 
 
 def skipped_tokens(num_computed: int, window: int) -> int:
@@ -57,16 +57,6 @@ def blocks_needed(num_tokens: int, window: int | None, block_size: int) -> range
     if window is None:
         return range(last)
     return range(skipped_tokens(num_tokens - 1, window) // block_size, last)
-
-
-def full_attention_hit(cached: set[int], max_length: int, block_size: int) -> int:
-    """The longest cached prefix, in tokens, of at most ``max_length``: the run of cached
-    blocks from block 0 (``cached``: the indices of the request's blocks found in the cache),
-    read left to right."""
-    blocks = 0
-    while blocks < max_length // block_size and blocks in cached:
-        blocks += 1
-    return blocks * block_size
 
 
 def sliding_window_hit(cached: set[int], max_length: int, block_size: int,

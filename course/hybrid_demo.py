@@ -1,6 +1,7 @@
 """Chapter 10's demonstrations, each run on the learner's own functions: a request's bytes as
-it grows, the prefix hits a sliding window keeps, and a tiny hybrid model served through the
-learner's ``allocate_slots`` and ``hybrid_hit``, token for token against contiguous
+it grows, the prefix hits a sliding window keeps, and a tiny hybrid model served by chapter
+9's engine through a KV cache with the learner's sliding group and hybrid hit
+(``course.hybrid_coordinator.learners_kv_cache``), token for token against contiguous
 generation. (The requests a pool fits: ``course.hybrid_sizing.fit_table``.)
 """
 
@@ -14,16 +15,17 @@ import plotly.graph_objects as go
 import torch
 
 from course.charts import lines_chart
+from course.chunked_engine import ChunkedEngine, serve_chunked
 from course.chunked_scheduler import ChunkedRequest
-from course.hybrid_engine import HybridEngine, serve
-from course.hybrid_manager import HybridBlockManager
+from course.hybrid_coordinator import HybridKVCacheCoordinator
 from course.hybrid_models import HybridModel
-from course.hybrid_prefix import HybridPrefixCache
 from course.hybrid_sim import HybridCacheReport, serve_hybrid
 from course.hybrid_sizing import Sizing
+from course.kv_coordinator import KVCacheCoordinator
 from course.language import tr
 from course.prefix_sim import PrefixRequest, chat, few_shot, multi_turn
 from course.tiny_model import TinyModel, generate_contiguous
+from kernels.sliding_window_attention import default_window_attention
 
 GiB = 2**30
 
@@ -56,17 +58,16 @@ class HitRateRow:
 
 
 def hit_rate_rows(workloads: dict[str, list[PrefixRequest]], window: int, block_size: int,
-                  pools: Sequence[int], allocate_slots: Callable | None = None,
-                  hybrid_hit: Callable | None = None) -> list[HitRateRow]:
+                  pools: Sequence[int],
+                  kv_cache: type[KVCacheCoordinator] = HybridKVCacheCoordinator
+                  ) -> list[HitRateRow]:
     """Each workload in each pool, all full attention and with a sliding window of ``window``
-    tokens in half the layers, through a prefix cache that allocates with ``allocate_slots``
-    and finds each hit with ``hybrid_hit`` (the course's where not given)."""
-    cache = learners_manager(HybridPrefixCache, allocate_slots, hybrid_hit)
+    tokens in half the layers, through the KV cache ``kv_cache`` (one with a learner's
+    functions: ``learners_kv_cache``)."""
     return [HitRateRow(name, pool,
-                       serve_hybrid(requests, [None, None], block_size, pool,
-                                    manager_class=cache),
+                       serve_hybrid(requests, [None, None], block_size, pool, kv_cache=kv_cache),
                        serve_hybrid(requests, [window, None], block_size, pool,
-                                    manager_class=cache))
+                                    kv_cache=kv_cache))
             for name, requests in workloads.items() for pool in pools]
 
 
@@ -81,18 +82,6 @@ def hit_rate_chart(rows: list[HitRateRow]) -> go.Figure:
                        x_title=tr("blocks in the pool"), y_title=tr("hit rate"))
 
 
-def learners_manager(manager_class: type[HybridBlockManager], allocate_slots: Callable | None
-                     = None, hybrid_hit: Callable | None = None) -> type[HybridBlockManager]:
-    """``manager_class`` with a learner's ``allocate_slots`` as its method and, for a prefix
-    cache, a learner's ``hybrid_hit`` finding its hits (each only where given)."""
-    own: dict = {}
-    if allocate_slots is not None:
-        own["allocate_slots"] = allocate_slots
-    if hybrid_hit is not None:
-        own["find_hit"] = staticmethod(hybrid_hit)
-    return type(manager_class.__name__, (manager_class,), own)
-
-
 def shared_prefix_requests(seed: int, count: int, prefix: int = 12) -> list[ChunkedRequest]:
     """``count`` requests; every other one starts with the same ``prefix`` tokens."""
     rng = random.Random(seed)
@@ -102,25 +91,27 @@ def shared_prefix_requests(seed: int, count: int, prefix: int = 12) -> list[Chun
                           rng.randint(1, 8)) for i in range(count)]
 
 
-def equality_row(model: TinyModel, allocate_slots: Callable, hybrid_hit: Callable,
-                 block_size: int, num_blocks: int, budget: int, prefix_caching: bool,
+def equality_row(model: TinyModel, kv_cache: type[KVCacheCoordinator], block_size: int,
+                 num_blocks: int, budget: int, prefix_caching: bool,
+                 window_attention: Callable | None = None,
                  count: int = 8) -> dict:
-    """Serve ``count`` requests (half of them sharing a prefix) through a ``HybridEngine``
-    whose manager allocates with ``allocate_slots`` (and, caching prefixes, finds its hits
-    with ``hybrid_hit``); compare each with contiguous generation under the same windows:
-    requests identical, preemptions, hit tokens, and the largest logit difference."""
-    base = HybridPrefixCache if prefix_caching else HybridBlockManager
-    engine = HybridEngine(model, num_blocks, block_size, prefix_caching=prefix_caching,
-                          max_num_batched_tokens=budget,
-                          manager_class=learners_manager(base, allocate_slots, hybrid_hit))
-    served = serve(engine, shared_prefix_requests(seed=num_blocks, count=count))
+    """Serve ``count`` requests (half of them sharing a prefix) through chapter 9's engine
+    with the KV cache ``kv_cache`` (caching prefixes or not) and ``window_attention`` for the
+    sliding layers (chapter 9's kernel on a GPU, else PyTorch); compare each with contiguous
+    generation under the same windows: requests identical, preemptions, hit tokens, and the
+    largest logit difference."""
+    window_attention = window_attention or default_window_attention(model.embedding.device)
+    engine = ChunkedEngine(model, num_blocks, block_size, budget, kv_cache=kv_cache,
+                           window_attention=window_attention, enable_caching=prefix_caching)
+    requests = shared_prefix_requests(seed=num_blocks, count=count)
+    serve_chunked(engine, requests)
     identical, largest = 0, 0.0
-    for request in served:
+    for request in requests:
         tokens, logits = generate_contiguous(model, request.prompt, request.output_len)
         identical += request.output == tokens
         difference = (torch.stack(request.logits) - torch.stack(logits)).abs().max()
         largest = max(largest, float(difference))
-    return {"requests": len(served), "identical": identical,
-            "preemptions": engine.preemptions, "hit_tokens": engine.hit_tokens,
-            "largest_logit_difference": largest,
-            "all_blocks_back": engine.manager.num_free() == num_blocks - 1}
+    return {"requests": len(requests), "identical": identical,
+            "preemptions": sum(len(record.preempted) for record in engine.records),
+            "hit_tokens": engine.prompt_hits, "largest_logit_difference": largest,
+            "all_blocks_back": not engine.kv_cache.num_held()}

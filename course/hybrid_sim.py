@@ -9,7 +9,7 @@ to spare, nothing is evicted and the two caches hit alike; the hybrid cache hold
 blocks all along.
 
 No model runs here: a request's prompt is computed in one step, then one token per step, and
-only the blocks are followed (``HybridPrefixCache``).
+only the blocks are followed (``HybridKVCacheCoordinator``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from course.hybrid_prefix import HybridPrefixCache
+from course.chunked_scheduler import ChunkedRequest
+from course.hybrid_coordinator import HybridKVCacheCoordinator
+from course.kv_coordinator import KVCacheCoordinator
 from course.prefix_sim import PrefixRequest
 
 
@@ -35,62 +37,66 @@ class HybridCacheReport:
 
 def serve_hybrid(requests: list[PrefixRequest], windows: Sequence[int | None], block_size: int,
                  num_blocks: int, max_running: int = 16,
-                 manager_class: type[HybridPrefixCache] = HybridPrefixCache
+                 kv_cache: type[KVCacheCoordinator] = HybridKVCacheCoordinator
                  ) -> HybridCacheReport:
     """Run ``requests`` in order, at most ``max_running`` at a time: each starts from its
     prefix hit and computes the rest of its prompt in one step, then one output token per
     step; a request waits for the one it follows and for room in the pool (first come, first
     served); where a step finds no room, its newest request is preempted (freed, to start
-    again from its hit). ``manager_class``: the prefix cache (a learner's hit or allocation in
-    a subclass)."""
-    manager = manager_class(num_blocks, block_size, windows)
+    again from its hit). ``kv_cache``: the KV cache's class (one finding hits or skipping
+    blocks with a learner's functions, ``course.hybrid_demo.learners_kv_cache``)."""
+    kv = kv_cache(num_blocks, block_size, windows)
+    live = [ChunkedRequest(i, list(r.prompt), len(r.output)) for i, r in enumerate(requests)]
     waiting = list(range(len(requests)))
-    computed: dict[int, int] = {}  # running request -> tokens computed
+    running: list[int] = []  # oldest first
     done: set[int] = set()
     admitted: set[int] = set()
     prompt_tokens = hit_tokens = held = steps = preemptions = 0
 
-    while waiting or computed:
-        for index in [i for i in waiting if len(computed) < max_running]:
-            request = requests[index]
-            if request.after is not None and request.after not in done:
+    while waiting or running:
+        for index in list(waiting):
+            request, after = live[index], requests[index].after
+            if len(running) >= max_running:
+                break
+            if after is not None and after not in done:
                 continue
-            hit = manager.allocate_prefix(index, request.prompt)
-            if not manager.allocate_slots(index, hit, len(request.prompt) - hit):
-                manager.free(index)
-                if not computed:  # the whole pool is free, and too small
-                    raise ValueError(f"request {index} ({len(request.prompt)} tokens) needs "
+            hit = request.num_computed_tokens = kv.get_computed_tokens(request)
+            if not kv.allocate_slots(request, request.num_tokens - hit):
+                request.num_computed_tokens = 0
+                if not running:  # the whole pool is free, and too small
+                    raise ValueError(f"request {index} ({request.num_tokens} tokens) needs "
                                      "more blocks than the pool holds")
                 break  # first come, first served: wait for room
             waiting.remove(index)
-            computed[index] = len(request.prompt)
-            manager.cache_full_blocks(index, request.prompt, len(request.prompt))
+            running.append(index)
+            request.num_computed_tokens = request.num_tokens
+            kv.cache_blocks(request)
             if index not in admitted:  # a preempted request's hits on its own blocks not counted
                 admitted.add(index)
                 prompt_tokens += len(request.prompt)
                 hit_tokens += hit
-        for index in list(computed):
-            if index not in computed:  # preempted earlier in this step
+        for index in list(running):
+            if index not in running:  # preempted earlier in this step
                 continue
-            while not manager.allocate_slots(index, computed[index], 1):
-                newest = max(computed)
-                manager.free(newest)
-                del computed[newest]
-                waiting.insert(0, newest)
+            request = live[index]
+            request.output.append(requests[index].output[len(request.output)])
+            while not kv.allocate_slots(request, 1):
+                newest = live[running.pop()]
+                kv.free(newest)
+                newest.num_computed_tokens = 0
+                newest.output.clear()  # it starts again from its prompt
+                waiting.insert(0, newest.id)
                 preemptions += 1
-                if newest == index:
+                if newest is request:
                     break
-            if index in computed:
-                computed[index] += 1  # the cache reads the computed tokens' blocks alone
-                request = requests[index]
-                manager.cache_full_blocks(index, request.prompt + request.output,
-                                          computed[index])
+            if index in running:
+                request.num_computed_tokens += 1  # the cache reads the computed tokens' blocks
+                kv.cache_blocks(request)
         steps += 1
-        held += num_blocks - 1 - manager.num_free()  # a block two requests share counts once
-        for index in [i for i, n in computed.items()
-                      if n >= len(requests[i].prompt) + len(requests[i].output)]:
-            manager.free(index)
-            del computed[index]
+        held += kv.num_held()  # a block two requests share counts once
+        for index in [i for i in running if live[i].done]:
+            kv.free(live[index])
+            running.remove(index)
             done.add(index)
     return HybridCacheReport(prompt_tokens, hit_tokens, held / max(steps, 1), preemptions)
 

@@ -90,12 +90,15 @@ class KVPool:
     v: list[torch.Tensor]
 
     @classmethod
-    def empty(cls, model: TinyModel, num_blocks: int, block_size: int) -> KVPool:
-        """Filled with NaN: a read of a slot nothing wrote poisons the output at once."""
+    def empty(cls, model: TinyModel, num_blocks: int, block_size: int,
+              places: int | None = None) -> KVPool:
+        """Filled with NaN: a read of a slot nothing wrote poisons the output at once.
+        ``places``: how many layers' tensors (the model's layers unless given)."""
         c, device = model.config, model.embedding.device
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        return cls([torch.full(shape, float("nan"), device=device) for _ in range(c.num_layers)],
-                   [torch.full(shape, float("nan"), device=device) for _ in range(c.num_layers)])
+        count = c.num_layers if places is None else places
+        return cls([torch.full(shape, float("nan"), device=device) for _ in range(count)],
+                   [torch.full(shape, float("nan"), device=device) for _ in range(count)])
 
     def copy_blocks(self, into: KVPool, pairs: list[tuple[int, int]],
                     num_slots: int | None = None) -> None:

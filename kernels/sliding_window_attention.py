@@ -5,9 +5,9 @@ A sliding-window layer's query at position ``p`` sees only the keys of positions
 ``p - window + 1`` to ``p``. Chapter 9's kernel already loops over a query's blocks from the
 block of the first key it sees, ``FIRST_KEY(context, window)`` (``context = p + 1``), to the
 block of its own position, and masks every slot outside that run; a window changes only which
-key comes first. A hybrid cache (``course.hybrid_manager``) has put the null block in the table
-entries before the first query's window, so a loop that starts at the window's first block
-never reads one::
+key comes first. A hybrid cache (``course.hybrid_coordinator``) has put the null block in the
+table entries before the first query's window, so a loop that starts at the window's first
+block never reads one::
 
     seq_len = 14, q_len = 1, window = 6, block_size = 4: the query (position 13) sees 8..13
 
@@ -25,6 +25,8 @@ with a stub.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -67,6 +69,14 @@ def window_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     check_window(window)
     return varlen_attention(query, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
                             scale, kernel, window, first_key or window_first_key)
+
+
+def default_window_attention(device: torch.device):
+    """The window's attention an engine uses on ``device``: ``window_attention`` (chapter 9's
+    Triton kernel) on a CUDA GPU, else ``window_attention_reference`` in PyTorch."""
+    if device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return window_attention
+    return window_attention_reference
 
 
 def window_attention_reference(query: torch.Tensor, k_cache: torch.Tensor,

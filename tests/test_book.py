@@ -84,10 +84,11 @@ def test_an_animations_still_is_the_frame_it_keeps_for_a_page():
 
 def test_chapter_10s_animation_keeps_a_frame_with_null_blocks_for_a_page():
     from course.hybrid_animation import frame_html, window_animation, window_frames
-    from course.hybrid_cache import NULL_BLOCK
-    from course.hybrid_manager import HybridBlockManager
+    from course.hybrid_coordinator import HybridKVCacheCoordinator
+    from course.kv_coordinator import NULL_BLOCK
 
-    frames = window_frames(HybridBlockManager(12, 4, (None, 6)), prompt_len=9, output_len=14)
+    frames = window_frames(HybridKVCacheCoordinator(12, 4, (None, 6)), prompt_len=9,
+                           output_len=14)
     animation = window_animation(frames, (None, 6), 4)
     cover = [child for child in animation.children if "kv-cover" in child._dom_classes]
     assert len(cover) == 1 and cover[0].layout.display == "none"  # hidden where it plays

@@ -28,27 +28,67 @@ def test_the_answer_and_the_model_agree_on_every_scenario(scenario):
         assert plan.total_num_scheduled_tokens <= course.max_num_batched_tokens
         assert all(c.num_tokens >= 1 and c.end <= c.request.num_tokens + 1 for c in plan.chunks)
         assert all(r.num_computed_tokens == 0 for r in course.waiting)
-        manager = course.manager
-        manager.check_invariants()
-        for r in course.running:  # a cached block of a running request is a computed one
-            table = manager.block_table(r.id)
-            computed_blocks = r.num_computed_tokens // manager.block_size
-            assert all(not manager.is_cached(b) or i < computed_blocks or
-                       manager.ref_count(b) > 1 for i, b in enumerate(table))
+        _check_the_pool(course)
     else:
         raise AssertionError("the scenario never finished")
-    assert course.manager.num_free_blocks() == scenario["num_blocks"]
+    assert course.kv_cache.num_free() == scenario["num_blocks"] - 1
+    assert course.kv_cache.num_held() == 0
+
+
+def _check_the_pool(scheduler: ChunkedScheduler) -> None:
+    """Every block is free or held, its holders counted; a request in the queues holds
+    blocks only while it runs, as many as its computed tokens need; a cached block of a
+    running request is a computed one."""
+    kv = scheduler.kv_cache
+    pool, size = kv.pool, kv.block_size
+    holders = [0] * pool.num_blocks
+    for manager in kv.managers:
+        for table in manager.tables.values():
+            for block in table:
+                holders[block] += 1
+    assert holders[0] == 0 and 0 not in pool.free_queue
+    assert all(pool.ref_counts[b] == holders[b] for b in range(1, pool.num_blocks))
+    assert set(pool.free_queue) == {b for b in range(1, pool.num_blocks) if holders[b] == 0}
+    assert {r.id for r in scheduler.running} == set(kv.managers[0].tables)
+    for r in scheduler.running:
+        table = kv.block_table(r.id)
+        assert len(table) == -(-r.num_computed_tokens // size)
+        computed_blocks = r.num_computed_tokens // size
+        assert all(b not in pool.key_of or i < computed_blocks for i, b in enumerate(table))
 
 
 def test_a_hit_starts_a_request_with_its_computed_blocks_and_never_the_whole_prompt():
     scheduler = ChunkedScheduler(num_blocks=8, block_size=4, max_num_batched_tokens=100)
-    first = ChunkedRequest(0, list(range(8)), output_len=1)
+    first = ChunkedRequest(0, list(range(8)), output_len=2)
     scheduler.add(first)
     assert [c.num_tokens for c in scheduler.step().chunks] == [8]
+    first.emit(8)
     second = ChunkedRequest(1, list(range(8)), output_len=1)
     scheduler.add(second)
-    plan = scheduler.step()  # the first request has nothing new to compute yet
-    assert [(c.request.id, c.start, c.num_tokens) for c in plan.chunks] == [(0, 8, 0), (1, 4, 4)]
+    plan = scheduler.step()  # the hit stops short of the block that holds the last token
+    assert [(c.request.id, c.start, c.num_tokens) for c in plan.chunks] == [(0, 8, 1), (1, 4, 4)]
+    assert scheduler.kv_cache.block_table(1)[0] == scheduler.kv_cache.block_table(0)[0]
+
+
+def test_a_refused_request_waits_with_nothing_computed_and_no_blocks():
+    """A pool of 4 blocks of 2 (3 besides the null block): the second request's hit is the
+    first one's 2 blocks, but its last token needs a third, and none is free."""
+    import pytest
+
+    scheduler = ChunkedScheduler(num_blocks=4, block_size=2, max_num_batched_tokens=8)
+    first = ChunkedRequest(0, [1, 2, 3, 4], output_len=2)
+    scheduler.add(first)
+    scheduler.step()
+    first.emit(5)
+    second = ChunkedRequest(1, [1, 2, 3, 4, 9], output_len=1)
+    scheduler.add(second)
+    assert scheduler.kv_cache.get_computed_tokens(second) == 4
+    plan = scheduler.step()
+    assert [(c.request.id, c.start, c.num_tokens) for c in plan.chunks] == [(0, 4, 1)]
+    assert plan.preempted == [] and list(scheduler.waiting) == [second]
+    assert second.num_computed_tokens == 0 and scheduler.kv_cache.num_free() == 0
+    with pytest.raises(KeyError):
+        scheduler.kv_cache.block_table(second.id)
 
 
 def test_a_block_still_being_filled_is_not_a_hit():

@@ -1,22 +1,24 @@
 """A hybrid model's cache, sized and kept (``course.hybrid_models``, ``course.hybrid_sizing``,
 ``course.hybrid_cache``): the published models against their sources' layer patterns, a
 request's bytes against its layers one by one, a window's blocks against the positions its
-next token sees, the page size and the fit table. The TODOs' answers (the hits, the pool's
-steps) are held to the chapter's hidden checks, whose oracles and mutants
-``tests/test_checks.py`` and ``tests/test_grading.py`` run.
+next token sees, the page size and the fit table; a KV cache or a step that cannot be is
+refused (``course.hybrid_coordinator``; its rules are ``tests/test_kv_coordinator.py``'s). The
+TODOs' answers (the blocks skipped, the hits) are held to the chapter's hidden checks, whose
+oracles and mutants ``tests/test_checks.py`` and ``tests/test_grading.py`` run.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from course.chunked_scheduler import ChunkedRequest
 from course.hybrid_cache import (
     NULL_BLOCK,
     blocks_needed,
     free_skipped_blocks,
     skipped_tokens,
 )
-from course.hybrid_manager import HybridBlockManager
+from course.hybrid_coordinator import HybridKVCacheCoordinator
 from course.hybrid_models import (
     FULL,
     HYBRID_MODELS,
@@ -217,10 +219,12 @@ def test_the_printed_fit_table_is_fit_table(capsys):
 
 @pytest.mark.parametrize(("arguments", "allocation"), [
     ((1, 4, [None]), None), ((8, 0, [None]), None), ((8, 4, []), None),
-    ((8, 4, [0, None]), None), ((8, 4, [None]), (0, -1, 2)), ((8, 4, [3]), (0, 2, 0)),
+    ((8, 4, [0, None]), None), ((8, 4, [None]), (-1, 2)), ((8, 4, [3]), (2, 0)),
 ], ids=["no block beside the null one", "blocks of 0 tokens", "no group", "a window of 0",
         "tokens computed below 0", "no new token"])
 def test_a_pool_or_a_step_that_cannot_be_is_refused(arguments, allocation):
     with pytest.raises(ValueError):
-        manager = HybridBlockManager(*arguments)
-        manager.allocate_slots(*allocation)
+        kv = HybridKVCacheCoordinator(*arguments)
+        computed, num_new = allocation
+        kv.allocate_slots(ChunkedRequest(0, list(range(8)), 1, num_computed_tokens=computed),
+                          num_new)

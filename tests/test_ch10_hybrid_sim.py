@@ -1,12 +1,16 @@
 """What a sliding window costs prefix caching (``course.hybrid_sim``), on chapter 4's seeded
 workloads: with room to spare, the hybrid cache hits as the all-full one does while holding
-fewer blocks; a window longer than any request is full attention in every figure, in any
-pool; a pool smaller than one prompt is refused."""
+fewer blocks; under pressure the window's blocks, freed first, are evicted first and chat's
+hits shorten; a window longer than any request is full attention in every figure, in any
+pool; a KV cache of chapter 10's functions written another way (``learners_kv_cache``)
+measures the same; a pool smaller than one prompt is refused."""
 
 from __future__ import annotations
 
 import pytest
+from alternatives import ch10 as alternative
 
+from course.hybrid_coordinator import learners_kv_cache
 from course.hybrid_sim import main, serve_hybrid
 from course.prefix_sim import chat, few_shot, multi_turn
 
@@ -35,6 +39,26 @@ def test_a_window_longer_than_any_request_is_full_attention(workload, num_blocks
     longest = max(len(r.prompt) + len(r.output) for r in requests)
     assert serve_hybrid(requests, [longest + 1, None], 16, num_blocks) == \
         serve_hybrid(requests, [None, None], 16, num_blocks)
+
+
+def test_under_pressure_the_windows_evicted_blocks_shorten_chats_hits():
+    requests = WORKLOADS["chat"]
+    full = serve_hybrid(requests, [None, None], 16, 60)
+    hybrid = serve_hybrid(requests, [32, None], 16, 60)
+    assert full.prompt_tokens == hybrid.prompt_tokens
+    assert 0 < hybrid.hit_tokens < full.hit_tokens
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+@pytest.mark.parametrize("num_blocks", [60, 4000])
+def test_a_kv_cache_of_the_functions_written_another_way_measures_the_same(workload,
+                                                                        num_blocks):
+    learners = learners_kv_cache(free_skipped_blocks=alternative.free_skipped_blocks,
+                                 sliding_window_hit=alternative.sliding_window_hit,
+                                 hybrid_hit=alternative.hybrid_hit)
+    for windows in ([32, None], [None, 8], [5, 40]):
+        assert serve_hybrid(WORKLOADS[workload], windows, 16, num_blocks, kv_cache=learners) \
+            == serve_hybrid(WORKLOADS[workload], windows, 16, num_blocks)
 
 
 def test_a_pool_smaller_than_one_prompt_is_refused():

@@ -1,6 +1,7 @@
-"""The hybrid block tables' animation: its frames are what the manager it is given did (null
-blocks where a sliding window left tokens behind, every block accounted for), and its HTML
-carries the counts the browser tests read."""
+"""The hybrid block tables' animation: its frames are what the KV cache it is given did
+(``course.hybrid_coordinator.HybridKVCacheCoordinator``, or one with a learner's functions:
+null blocks where a sliding window left tokens behind, every block accounted for), and its
+HTML carries the counts the browser tests read."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import re
 import pytest
 
 from course.hybrid_animation import frame_html, window_animation, window_frames
-from course.hybrid_cache import NULL_BLOCK
-from course.hybrid_manager import HybridBlockManager
+from course.hybrid_coordinator import HybridKVCacheCoordinator, learners_kv_cache
+from course.kv_coordinator import NULL_BLOCK
 
 WINDOWS = (None, 6)
 BLOCK_SIZE = 4
 NUM_BLOCKS = 12
 
 
-def frames_of(manager: HybridBlockManager, prompt_len: int = 9, output_len: int = 8):
-    return window_frames(manager, prompt_len, output_len)
+def frames_of(kv: HybridKVCacheCoordinator, prompt_len: int = 9, output_len: int = 8):
+    return window_frames(kv, prompt_len, output_len)
+
+
+def holds_nothing(kv: HybridKVCacheCoordinator) -> bool:
+    return all(m.tables == {} for m in kv.managers)
 
 
 def nulls(table) -> int:
@@ -30,7 +35,7 @@ def held(frame) -> int:
 
 
 def test_sliding_tables_null_the_blocks_the_window_left_behind():
-    frames = frames_of(HybridBlockManager(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
+    frames = frames_of(HybridKVCacheCoordinator(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
     assert len(frames) == 1 + 8 + 1  # the prompt, 8 decodes, the request freed
     assert all(frame.allocated for frame in frames)
     window = WINDOWS[1]
@@ -51,24 +56,24 @@ def test_sliding_tables_null_the_blocks_the_window_left_behind():
 
 
 def test_every_block_is_free_or_held_and_all_come_back():
-    frames = frames_of(HybridBlockManager(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
+    frames = frames_of(HybridKVCacheCoordinator(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
     for frame in frames:
         assert frame.free + held(frame) == NUM_BLOCKS - 1  # block 0 is never handed out
     assert frames[-1].free == NUM_BLOCKS - 1
 
 
 def test_frames_are_copies_of_the_managers_tables():
-    manager = HybridBlockManager(NUM_BLOCKS, BLOCK_SIZE, WINDOWS)
-    frames = window_frames(manager, 9, 2)
-    # the manager nulls the sliding group's first slot in place at step 1; step 0 kept its own
+    kv = HybridKVCacheCoordinator(NUM_BLOCKS, BLOCK_SIZE, WINDOWS)
+    frames = window_frames(kv, 9, 2)
+    # the sliding manager nulls its first slot in place at step 1; step 0 kept its own
     assert frames[0].tables[1][0] != NULL_BLOCK == frames[1].tables[1][0]
-    assert len(frames[0].tables[0]) == 3 and 0 not in manager.tables  # freed at the end
+    assert len(frames[0].tables[0]) == 3 and holds_nothing(kv)  # freed at the end
 
 
 def test_a_pool_too_small_ends_with_the_refused_step_taking_nothing():
     # 7 usable blocks: the prompt takes 6, the 13th and 17th tokens need one more in each
     # group, and by the 17th the window has freed only 2 of the sliding group's blocks
-    frames = frames_of(HybridBlockManager(8, BLOCK_SIZE, WINDOWS))
+    frames = frames_of(HybridKVCacheCoordinator(8, BLOCK_SIZE, WINDOWS))
     *done, refused = frames
     assert not refused.allocated and all(frame.allocated for frame in done)
     assert refused.num_computed + refused.num_new == 17
@@ -79,13 +84,13 @@ def test_a_pool_too_small_ends_with_the_refused_step_taking_nothing():
 
 
 def test_a_new_request_refused_has_no_tables():
-    frames = window_frames(HybridBlockManager(6, BLOCK_SIZE, WINDOWS), 9, 3)
+    frames = window_frames(HybridKVCacheCoordinator(6, BLOCK_SIZE, WINDOWS), 9, 3)
     assert len(frames) == 1 and not frames[0].allocated
     assert frames[0].tables == ((), ()) and frames[0].free == 5
 
 
 def test_the_html_carries_the_frames_counts():
-    frames = frames_of(HybridBlockManager(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
+    frames = frames_of(HybridKVCacheCoordinator(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
     step = 6
     frame, html = frames[step], frame_html(frames, step, WINDOWS, BLOCK_SIZE)
 
@@ -110,21 +115,14 @@ def test_the_html_carries_the_frames_counts():
     assert 'data-held="0"' in frame_html(frames, len(frames) - 1, WINDOWS, BLOCK_SIZE)
 
 
-def test_the_animation_shows_the_manager_it_is_given():
-    class NeverFreesSkippedBlocks(HybridBlockManager):
-        """allocate_slots without its step 2: a sliding window keeps every block."""
+def test_the_animation_shows_the_kv_cache_it_is_given():
+    def never_frees(table, num_computed, window, block_size):
+        """free_skipped_blocks left undone: a sliding window keeps every block."""
+        return []
 
-        def allocate_slots(self, request: int, num_computed: int, num_new: int) -> bool:
-            needed = self.blocks_to_allocate(request, num_computed + num_new)
-            if sum(needed) > self.num_free():
-                return False
-            tables = self.tables.setdefault(request, [[] for _ in self.windows])
-            for table, count in zip(tables, needed, strict=True):
-                table.extend(self._take() for _ in range(count))
-            return True
-
-    right = frames_of(HybridBlockManager(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
-    wrong = frames_of(NeverFreesSkippedBlocks(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
+    never_frees_skipped_blocks = learners_kv_cache(free_skipped_blocks=never_frees)
+    right = frames_of(HybridKVCacheCoordinator(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
+    wrong = frames_of(never_frees_skipped_blocks(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
     assert all(nulls(t) == 0 for frame in wrong for t in frame.tables)
     assert all(frame.freed == 0 for frame in wrong)
     assert nulls(right[-2].tables[1]) == 2
@@ -135,7 +133,7 @@ def test_the_animation_shows_the_manager_it_is_given():
 
 
 def test_the_widget_plays_the_frames():
-    frames = frames_of(HybridBlockManager(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
+    frames = frames_of(HybridKVCacheCoordinator(NUM_BLOCKS, BLOCK_SIZE, WINDOWS))
     view = window_animation(frames, WINDOWS, BLOCK_SIZE).children[1]
     assert 'data-step="0"' in view.value
     assert "kv-window-animation-view" in view._dom_classes
@@ -143,7 +141,7 @@ def test_the_widget_plays_the_frames():
 
 @pytest.mark.parametrize(("prompt_len", "output_len"), [(0, 3), (-1, 3), (4, -1)])
 def test_bad_inputs_are_refused(prompt_len, output_len):
-    manager = HybridBlockManager(NUM_BLOCKS, BLOCK_SIZE, WINDOWS)
+    kv = HybridKVCacheCoordinator(NUM_BLOCKS, BLOCK_SIZE, WINDOWS)
     with pytest.raises(ValueError, match="prompt of at least one token"):
-        window_frames(manager, prompt_len, output_len)
-    assert manager.num_free() == NUM_BLOCKS - 1 and not manager.tables
+        window_frames(kv, prompt_len, output_len)
+    assert kv.num_free() == NUM_BLOCKS - 1 and holds_nothing(kv)

@@ -80,8 +80,8 @@ def test_the_scenarios_reach_what_they_are_named_for():
 def test_any_drawn_offloading_scenario_is_token_exact_and_settles(
         block_size, spare, budget, cpu_blocks, load_steps, fail, policy, seed):
     needed = max(-(-(len(r.prompt) + r.output_len) // block_size)
-                 for r in conversations(8, seed))
-    engine, finished = serve_offloading(needed + spare, block_size, budget, cpu_blocks,
+                 for r in conversations(8, seed))  # and the null block
+    engine, finished = serve_offloading(needed + 1 + spare, block_size, budget, cpu_blocks,
                                         load_steps, fail, policy, seed, count=8)
     assert_contiguous(finished, 8)
     assert_settled(engine)
@@ -120,14 +120,15 @@ def test_a_request_whose_kv_is_loading_waits_while_the_others_run(load_steps):
 def test_a_failed_block_is_computed_again_from_its_first_token():
     requests = conversations(12, 0)
     every_key = demo.failing_keys(requests, 4, 1.0, 0)
-    engine = ConnectorEngine(MODEL, 10, 4, 16, offloading_connector(64, 4, "lru", 2,
+    # 10 blocks for requests and the null block
+    engine = ConnectorEngine(MODEL, 11, 4, 16, offloading_connector(64, 4, "lru", 2,
                                                                     every_key))
     finished = serve_chunked(engine, requests)
     assert_contiguous(finished, 12)
     assert engine.worker.bytes_loaded == 0
     # With every load failing, each request computes what the GPU did not hit: as without a
     # tier at all.
-    plain = ConnectorEngine(MODEL, 10, 4, 16, offloading_connector(1, 4, "lru", 2, set()))
+    plain = ConnectorEngine(MODEL, 11, 4, 16, offloading_connector(1, 4, "lru", 2, set()))
     plain.connector.tier.lookup = lambda keys: 0
     serve_chunked(plain, conversations(12, 0))
     computed = lambda e: sum(c[2] for r in e.records for c in r.chunks)  # noqa: E731
@@ -141,7 +142,7 @@ class EarlyFree(ConnectorScheduler):
     def finish(self, request):
         super().finish(request)
         if self.sending.pop(request.id, None):
-            self.manager.free(request.id)
+            self.kv_cache.free(request)
 
 
 class IgnoresFailures(ConnectorScheduler):
@@ -175,7 +176,7 @@ def test_a_prefill_and_decode_pair_generates_what_one_engine_does(config):
     pair, finished = serve_pair(*config)
     assert_contiguous(finished, 12)
     for engine in (pair.prefill, pair.decode):
-        assert engine.manager.num_free_blocks() == engine.manager.num_blocks
+        assert engine.kv_cache.num_held() == 0
         assert not engine.scheduler.sending and not engine.scheduler.loading
     assert not pair.prefill.worker.leases and not pair.handoff.taken
     assert len(pair.handoff.released) == 12
@@ -198,7 +199,7 @@ def test_a_decode_engine_that_never_reads_leaves_nothing_held():
         request.output_len = 1
     finished = serve_chunked(engine, requests)
     assert len(finished) == 6 and engine.scheduler.sending == {}
-    assert engine.manager.num_free_blocks() == 16 and len(handoff.released) == 6
+    assert engine.kv_cache.num_held() == 0 and len(handoff.released) == 6
 
 
 def test_the_pair_is_caught_freeing_blocks_before_the_decode_engine_reads_them():

@@ -2,10 +2,11 @@
 
 The scheduling step is run on a small scenario step by step (a simulated engine around it
 emits a fixed token whenever a request has computed all of its tokens, and finishes done
-requests); after every step, the chunks, the preemptions and every request's computed count
-must equal what the chapter's rules give. What the rules give comes from the chapter's hidden
-module (``autograder.private``), a separate reading of the same rules, where the thorough
-checks are too.
+requests); after every step, the chunks, the preemptions, the queues with every request's
+computed count, the free blocks and every block table of the scheduler's KV cache (one
+full-attention group) must equal what the chapter's rules give. What the rules give comes
+from the chapter's hidden module (``autograder.private``), a separate reading of the same
+rules, where the thorough checks are too.
 """
 
 from __future__ import annotations
@@ -29,43 +30,74 @@ from kernels.varlen_attention import all_keys, keys_from, launch_varlen
 
 # --- schedule_step ---------------------------------------------------------------------------
 
-RULES = ("The rules: running requests first (oldest first), each given a slot for its new "
-         "token (preempting the newest running request by recompute when the pool is out of "
-         "blocks) and min(tokens left to compute, budget) tokens; then, if nothing was "
-         "preempted, waiting requests first come first served, each allocated with its "
-         "prefix hits as num_computed_tokens and given min(tokens left, budget); every "
-         "scheduled chunk adds its tokens to num_computed_tokens and takes them from the "
-         "budget.")
+RULES = ("The rules: running requests first (oldest first), each scheduled num_new = min(tokens "
+         "left to compute, budget) tokens once kv.allocate_slots(request, num_new) returns "
+         "True; while it returns False, the newest running request is preempted by recompute "
+         "(out of running, kv.free, num_computed_tokens 0, front of waiting) and the request "
+         "asks again, unless it preempted itself, which ends the pass. Then, if nothing was "
+         "preempted, waiting requests first come first served while fewer than max_num_seqs "
+         "run: num_computed_tokens = kv.get_computed_tokens(request), num_new = min(tokens "
+         "left, budget), admitted if allocate_slots returns True, else num_computed_tokens back "
+         "to 0 and admitting stops. Every scheduled chunk adds its tokens to "
+         "num_computed_tokens and takes them from the budget.")
 BUDGET = ("The step scheduled more tokens than max_num_batched_tokens: every chunk, a "
           "decode's 1 token included, takes its tokens from the one budget, and each chunk is "
           "clipped to what is left of it. ")
 REMAINING = ("A chunk runs past the request's last token: schedule at most what is left to "
              "compute, request.num_tokens - request.num_computed_tokens (a prefix hit or an "
              "earlier chunk already computed the rest). ")
-AT_LEAST_ONE = ("A request was admitted with nothing left to compute: its prefix hits are "
-                "what manager.allocate returns, which never counts the last token (at least "
-                "one token is always computed, so the step has a logit to sample from). ")
+AT_LEAST_ONE = ("A new request was given all of its tokens as computed, leaving nothing to "
+                "compute: its prefix hit is kv.get_computed_tokens(request), which never "
+                "counts the block that holds the last token (at least one token is always "
+                "computed, so the step has a logit to sample from). ")
+HIT = ("A new request did not start from its prefix hit: before allocate_slots, set its "
+       "num_computed_tokens to kv.get_computed_tokens(request), the hit counted in tokens "
+       "(whole blocks' worth of them, not a number of blocks); its chunk starts there. ")
 RUNNING_FIRST = ("A waiting request was scheduled before a running one: running requests "
                  "(their decodes and unfinished prefill chunks) come first, waiting ones take "
                  "what budget is left. ")
-RESET = ("A preempted request kept its num_computed_tokens: preemption by recompute frees its "
-         "blocks, so its K/V are gone; set num_computed_tokens to 0 (it recomputes, with "
-         "whatever prefix hits it finds when admitted again). ")
+ROOM = ("A request holds more blocks than its tokens so far need: ask "
+        "kv.allocate_slots(request, num_new) for the num_new = min(tokens left, budget) tokens "
+        "this step schedules, not for every token left; the others get their room in the "
+        "steps that compute them (blocks taken early sit empty while other requests are "
+        "preempted for want of them). ")
+NEWEST = ("The request preempted was not the newest running one: while allocate_slots returns "
+          "False, preempt the last of scheduler.running (admitted last, it loses the least "
+          "work), then ask again. ")
+FREE = ("A preempted request still holds its blocks: kv.free(request) gives them back to the "
+        "pool, which is what preempting it is for (the request that asked for room finds it "
+        "when it asks allocate_slots again). ")
+RESET = ("A preempted request kept its num_computed_tokens: kv.free gave back its blocks, so "
+         "its K/V are gone; set num_computed_tokens to 0 (it recomputes, from whatever prefix "
+         "hit it finds when admitted again). ")
+REFUSED = ("A waiting request that allocate_slots refused kept its prefix hit as "
+           "num_computed_tokens: set it back to 0, since it holds no blocks and its hit may be "
+           "gone by the time it is admitted (kv.get_computed_tokens finds it again then). ")
+FRONT = ("A preempted request was not put at the front of waiting: it was admitted before "
+         "every request waiting now, so it goes back first (waiting.appendleft) and is "
+         "admitted again before them. ")
+SELF_PREEMPTED = (
+    "A request that preempted itself was asked for again or scheduled: when the request "
+    "asking allocate_slots for room is the newest running one, preempting it leaves no "
+    "running request to take blocks from; it now waits at the front of waiting, and the pass "
+    "over the running requests ends. ")
 ADMITTED_AFTER_PREEMPTION = (
     "A waiting request was admitted in a step that preempted: once a request is preempted, "
     "the pool is short of blocks, so no waiting request is admitted in that step (not even "
-    "the one just preempted, whose freed blocks are still cached and would look like "
-    "hits). ")
-SLOTS_IN_THE_PASS = (
-    "A request was preempted that the rules keep: a running request takes its slots in the "
-    "pass over running requests, when the pass reaches it with budget left; one the budget "
-    "does not reach this step takes no slot, and so makes no one preempted. ")
+    "the one just preempted, whose freed blocks are still cached and would look like a "
+    "prefix hit). ")
 PASS_GOES_ON = (
-    "A running request the rules schedule got nothing after another one preempted: "
+    "A running request the rules schedule got nothing after another one was preempted: "
     "preempting the newest running request frees its blocks and ends nothing; the request "
-    "that needed them gets its slot, and the pass goes on to the next running request while "
-    "budget is left. Only a request that had to preempt itself (it was the newest) ends the "
-    "pass. ")
+    "that needed them asks allocate_slots again, is scheduled, and the pass goes on to the "
+    "next running request while budget is left. Only a request that had to preempt itself "
+    "(it was the newest) ends the pass. ")
+FIRST_COME = ("A waiting request was admitted ahead of one that came before it: waiting "
+              "requests are admitted first come first served, and when allocate_slots refuses "
+              "the first of them, admitting stops (a later request does not jump the "
+              "queue). ")
+MAX_SEQS = ("More requests run than max_num_seqs allows: admit a waiting request only while "
+            "fewer than max_num_seqs requests run. ")
 MAX_STEPS = 400
 
 
@@ -74,22 +106,35 @@ def emitted_token(request: ChunkedRequest) -> int:
     return (7 * request.id + 13 * len(request.output) + 5) % 97
 
 
+def held(scheduler: ChunkedScheduler, request_id: int) -> list[int] | None:
+    """The request's block table in the scheduler's KV cache, or None if it holds none."""
+    try:
+        return list(scheduler.kv_cache.block_table(request_id))
+    except KeyError:
+        return None
+
+
 def describe_state(scheduler: ChunkedScheduler) -> str:
     def one(r: ChunkedRequest) -> str:
         return f"{r.id} ({r.num_tokens} tokens, {r.num_computed_tokens} computed)"
 
     return (f"running [{', '.join(map(one, scheduler.running))}], waiting "
-            f"[{', '.join(map(one, scheduler.waiting))}], {scheduler.manager.num_free_blocks()} "
+            f"[{', '.join(map(one, scheduler.waiting))}], {scheduler.kv_cache.num_free()} "
             f"free blocks of {scheduler.block_size}, budget {scheduler.max_num_batched_tokens}")
 
 
 def summary(scheduler: ChunkedScheduler, plan: Schedule) -> dict:
-    """What a step did, as plain data: chunks (id, start, tokens), preempted ids, and each
-    running and waiting request's (id, num_computed_tokens) in queue order."""
+    """What a step did, as plain data: chunks (id, start, tokens), preempted ids, each
+    running and waiting request's (id, num_computed_tokens) in queue order, the free blocks,
+    and the block table of every request that holds one."""
     chunks = [(c.request.id, c.start, c.num_tokens) for c in getattr(plan, "chunks", [])]
+    queued = [*scheduler.running, *scheduler.waiting]
     return {"chunks": chunks, "preempted": list(getattr(plan, "preempted", [])),
             "running": [(r.id, r.num_computed_tokens) for r in scheduler.running],
-            "waiting": [(r.id, r.num_computed_tokens) for r in scheduler.waiting]}
+            "waiting": [(r.id, r.num_computed_tokens) for r in scheduler.waiting],
+            "free": scheduler.kv_cache.num_free(),
+            "tables": {r.id: table for r in queued
+                       if (table := held(scheduler, r.id)) is not None}}
 
 
 def make_scheduler(scenario: dict) -> tuple[ChunkedScheduler, list[ChunkedRequest]]:
@@ -114,9 +159,10 @@ def begin_step(scheduler: ChunkedScheduler, requests: list[ChunkedRequest], scen
 
 def simulate(scheduler: ChunkedScheduler, step: int, schedule: Callable,
              name: str = "schedule_step") -> tuple[Schedule, dict]:
-    """One step of the simulated engine (arrivals already joined): ``schedule`` plans,
-    every request that computed all its tokens emits ``emitted_token``, done requests
-    finish. Returns the plan and its summary (taken before tokens are emitted)."""
+    """One step of the simulated engine (arrivals already joined): ``schedule`` plans (and
+    the scheduler caches the blocks its chunks complete), every request that computed all
+    its tokens emits ``emitted_token``, done requests finish. Returns the plan and its
+    summary (taken before tokens are emitted)."""
     plan = learner_call(name, scheduler.step, schedule)
     if not isinstance(plan, Schedule):
         raise AssertionError(f"{name}(scheduler) returned {type(plan).__name__}, expected a "
@@ -132,36 +178,92 @@ def simulate(scheduler: ChunkedScheduler, step: int, schedule: Callable,
     return plan, seen
 
 
-def diagnose(before: dict, plan: Schedule, seen: dict, budget: int, want: dict) -> str:
-    """The idea a wrong step misses, read from what it did (``before``: each request's
-    (num_tokens, num_computed_tokens, running) before the step; ``want``: what the rules
-    give)."""
-    chunks = seen["chunks"]
-    if sum(n for _, _, n in chunks) > budget:
+def snapshot(scheduler: ChunkedScheduler) -> dict:
+    """What the diagnosis needs of the state before a step: each request's (num_tokens,
+    num_computed_tokens, running), the queues' ids in order, the budget and the cap."""
+    requests = {r.id: (r.num_tokens, r.num_computed_tokens, True) for r in scheduler.running}
+    requests |= {r.id: (r.num_tokens, r.num_computed_tokens, False) for r in scheduler.waiting}
+    return {"requests": requests, "running": [r.id for r in scheduler.running],
+            "waiting": [r.id for r in scheduler.waiting],
+            "budget": scheduler.max_num_batched_tokens, "max_num_seqs": scheduler.max_num_seqs}
+
+
+def diagnose(before: dict, seen: dict, want: dict) -> str:
+    """The idea a wrong step misses, read from what it did (``before``: the ``snapshot``
+    before the step; ``want``: what the rules give)."""
+    requests, chunks = before["requests"], seen["chunks"]
+    if sum(n for _, _, n in chunks) > before["budget"]:
         return BUDGET
-    if any(start + n > before[i][0] for i, start, n in chunks if i in before):
+    if any(start + n > requests[i][0] for i, start, n in chunks if i in requests):
         return REMAINING
-    admitted = [i for i, _, _ in chunks if i in before and not before[i][2]]
-    if any(n <= 0 for i, _, n in chunks if i in admitted):
+    admitted = [i for i, _, _ in chunks if i in requests and not requests[i][2]]
+    if any(n <= 0 or start >= requests[i][0] for i, start, n in chunks if i in admitted):
         return AT_LEAST_ONE
-    kinds = [before[i][2] for i, _, _ in chunks if i in before]
+    kinds = [requests[i][2] for i, _, _ in chunks if i in requests]
     if any(not a and b for a, b in zip(kinds, kinds[1:], strict=False)):
         return RUNNING_FIRST
-    waiting = dict(seen["waiting"])
-    if any(waiting.get(i, 0) != 0 for i in seen["preempted"]):
+    if seen["preempted"] and seen["preempted"][0] in before["running"] and \
+            seen["preempted"][0] != before["running"][-1]:
+        return NEWEST
+    waiting_ids = [i for i, _ in seen["waiting"]]
+    if any(i in waiting_ids and i in seen["preempted"] for i, _, _ in chunks):
+        return SELF_PREEMPTED
+    if any(i in seen["tables"] for i in waiting_ids):
+        return FREE
+    computed = dict(seen["waiting"])
+    if any(computed.get(i, 0) != 0 for i in seen["preempted"]):
         return RESET
-    if seen["preempted"] and (admitted or any(i in seen["preempted"] for i, _, _ in chunks
-                                              if i in before and before[i][2])):
-        return ADMITTED_AFTER_PREEMPTION
-    if set(seen["preempted"]) - set(want["preempted"]) and \
-            sum(n for _, _, n in want["chunks"]) == budget:
-        return SLOTS_IN_THE_PASS
     scheduled = {i for i, _, _ in chunks}
+    if any(n != 0 for i, n in seen["waiting"] if i not in seen["preempted"]
+           and i not in scheduled):
+        return REFUSED
+    if seen["preempted"] and (admitted or any(i in seen["preempted"] for i in scheduled)):
+        return ADMITTED_AFTER_PREEMPTION
+    if admitted != before["waiting"][:len(admitted)]:
+        return FIRST_COME
+    if len(seen["running"]) > before["max_num_seqs"]:
+        return MAX_SEQS
+    starts = {i: start for i, start, _ in want["chunks"]}
+    if any(i in starts and start != starts[i] for i, start, _ in chunks if i in admitted):
+        return HIT
+    wanted = want["tables"]
+    if any(len(table) > len(wanted.get(i, table)) for i, table in seen["tables"].items()):
+        return ROOM
+    if seen["preempted"] and sorted(waiting_ids) == sorted(i for i, _ in want["waiting"]) \
+            and waiting_ids != [i for i, _ in want["waiting"]]:
+        return FRONT
     if seen["preempted"] == want["preempted"] and any(
-            i not in scheduled and i not in seen["preempted"] and before.get(i, (0, 0, 0))[2]
+            i not in scheduled and i not in seen["preempted"] and requests.get(i, (0, 0, 0))[2]
             for i, _, _ in want["chunks"]):
         return PASS_GOES_ON
     return ""
+
+
+def diagnose_raised(scheduler: ChunkedScheduler, before: dict, raised: str) -> str:
+    """The idea a step that raised misses, read from the state it left: a waiting request
+    given a computed count that is not its prefix hit (all of its tokens, or another count),
+    or a request that preempted itself and was asked for again (an empty list popped)."""
+    for request in scheduler.waiting:
+        computed = request.num_computed_tokens
+        if computed and held(scheduler, request.id) is None:
+            if computed == request.num_tokens:
+                return AT_LEAST_ONE
+            if computed != scheduler.kv_cache.get_computed_tokens(request):
+                return HIT
+    if "IndexError" in raised and not scheduler.running and before["running"]:
+        return SELF_PREEMPTED
+    return ""
+
+
+def _changes(seen: dict, want: dict) -> str:
+    """The block tables and free blocks of a step where they differ from the rules'."""
+    text = ""
+    if seen["free"] != want["free"]:
+        text += f" {seen['free']} blocks free where the rules leave {want['free']};"
+    if seen["tables"] != want["tables"]:
+        text += (f" block tables {seen['tables']} where the rules give {want['tables']} "
+                 "(request: blocks);")
+    return text
 
 
 def run_schedule(fn: Callable, scenario: dict, expected: list[dict] | Callable,
@@ -174,25 +276,31 @@ def run_schedule(fn: Callable, scenario: dict, expected: list[dict] | Callable,
             return
         begin_step(scheduler, requests, scenario, step)
         state = describe_state(scheduler)
-        before = {r.id: (r.num_tokens, r.num_computed_tokens, True) for r in scheduler.running}
-        before |= {r.id: (r.num_tokens, r.num_computed_tokens, False) for r in scheduler.waiting}
-        budget = scheduler.max_num_batched_tokens
+        before = snapshot(scheduler)
         want = expected(step, scheduler) if callable(expected) else expected[step]
         try:
-            plan, seen = simulate(scheduler, step, fn)
+            _, seen = simulate(scheduler, step, fn)
         except LearnerRaised as raised:  # where, and in what state, as for a wrong answer
+            try:
+                hint = diagnose_raised(scheduler, before, str(raised))
+            except Exception:  # a state the step left half-changed beyond reading
+                hint = ""
             raise AssertionError(
                 f"schedule_step(scheduler) {label}, step {step}, with {state}: {raised}; the "
                 f"rules give {want['chunks']} (request, start, tokens), preempted "
-                f"{want['preempted']}. {RULES}") from None
+                f"{want['preempted']}. {hint}{RULES}") from None
         if seen != want:
-            hint = diagnose(before, plan, seen, budget, want)
+            try:
+                hint = diagnose(before, seen, want)
+            except Exception:  # a plan of other things than the rules' (ids, chunks)
+                hint = ""
             raise AssertionError(
                 f"schedule_step(scheduler) {label}, step {step}, with {state}: it scheduled "
                 f"{seen['chunks']} (request, start, tokens), preempted {seen['preempted']}, "
                 f"left running {seen['running']} and waiting {seen['waiting']} (request, "
-                f"computed); the rules give {want['chunks']}, preempted {want['preempted']}, "
-                f"running {want['running']}, waiting {want['waiting']}. {hint}{RULES}")
+                f"computed);{_changes(seen, want)} the rules give {want['chunks']}, preempted "
+                f"{want['preempted']}, running {want['running']}, waiting {want['waiting']}. "
+                f"{hint}{RULES}")
     raise AssertionError(f"schedule_step(scheduler) {label}: still busy after {MAX_STEPS} "
                          "steps. " + RULES)
 
@@ -207,9 +315,10 @@ SCENARIO = {  # blocks of 4; request 2's prompt is request 0's first 8 tokens
 
 @visible
 def check_schedule_step(fn: Callable) -> None:
-    """Budget 5, blocks of 4, a pool of 7 blocks: a 10-token prompt chunked beside a short
-    one, a later prompt that is its first 8 tokens (prefix hits, the last block recomputed),
-    and a long request that runs the pool out of blocks (preemption by recompute)."""
+    """Budget 5, blocks of 4, a pool of 7 blocks (6 besides the null block): a 10-token
+    prompt chunked beside a short one, a later prompt that is its first 8 tokens (a prefix
+    hit, the last block recomputed), and a long request that runs the pool out of blocks
+    (preemption by recompute)."""
     expected = private("09").schedule_trace(SCENARIO)
     run_schedule(fn, SCENARIO, expected, "(budget 5, blocks of 4, 7 blocks)")
 
@@ -458,17 +567,22 @@ def chunks_of(size: int) -> Callable:
     ``size`` tokens, every waiting request admitted at once with its prefix hits."""
 
     def schedule(scheduler: ChunkedScheduler) -> Schedule:
-        plan, manager = Schedule(), scheduler.manager
-        while scheduler.waiting:
-            request = scheduler.waiting.popleft()
-            request.num_computed_tokens = manager.allocate(request.id, request.tokens)
-            scheduler.running.append(request)
-        for request in scheduler.running:
-            while manager.seq_len(request.id) < request.num_tokens:
-                manager.append_slot(request.id, request.tokens[manager.seq_len(request.id)])
+        plan, kv = Schedule(), scheduler.kv_cache
+
+        def next_chunk(request: ChunkedRequest) -> None:
             count = min(size, request.num_tokens - request.num_computed_tokens)
+            if not kv.allocate_slots(request, count):
+                raise RuntimeError("the checks' pool is too small for their requests")
             plan.chunks.append(Chunk(request, request.num_computed_tokens, count))
             request.num_computed_tokens += count
+
+        for request in scheduler.running:
+            next_chunk(request)
+        while scheduler.waiting:  # each admitted from its hit, its room taken at once
+            request = scheduler.waiting.popleft()
+            request.num_computed_tokens = kv.get_computed_tokens(request)
+            next_chunk(request)
+            scheduler.running.append(request)
         return plan
 
     return schedule
@@ -543,11 +657,9 @@ def run_engine(fn: Callable, specs: list[tuple], block_size: int, num_blocks: in
     requests = engine_requests(specs)
     finished = serve_chunked(engine, requests, max_steps=2_000)
     compare_runs(model, finished, requests, label)
-    manager = engine.manager
-    if manager.num_free_blocks() != manager.num_blocks:
+    if engine.kv_cache.num_held():
         raise AssertionError(f"engine_step(...) {label}: after serving, "
-                             f"{manager.num_free_blocks()} of {manager.num_blocks} blocks are "
-                             "free.")
+                             f"{engine.kv_cache.num_held()} blocks are still held.")
 
 
 ENGINE_SPECS = [([3, 14, 15, 92, 65, 35], 4, 0), ([8, 9, 7, 9], 3, 1),

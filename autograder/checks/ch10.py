@@ -2,23 +2,21 @@
 picture's window of 6 tokens in blocks of 4). Expected values, and what known mistakes give,
 come from the chapter's hidden module (``autograder.private``), where the thorough checks are.
 
-A function TODO is held to its whole contract case by case (``_contract.expect``); the
-allocator, a method that changes a pool, is driven through a scenario step by step, and each
-step's outcome is compared with what the hidden model of the pool says: what the call
-returned (or raised), each group's table (where its null blocks stand, how many blocks it
-holds), and the pool (no block lost, none handed out twice, the null block never).
+Each function TODO is held to its whole contract case by case (``_contract.expect``); the
+window's first key runs inside chapter 9's kernel, its output compared query token by query
+token. (How the KV cache uses the functions, the coordinator's ``allocate_slots`` among it,
+is the library's: ``course.hybrid_coordinator``.)
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from autograder.checks._contract import INT, LIST_OF_INTS, Promise, Raises, expect_cases
-from autograder.checks._helpers import describe_call, learner_call, not_written
+from autograder.checks._contract import INT, LIST_OF_INTS, Promise, expect_cases
+from autograder.checks._helpers import learner_call
 from autograder.checks._lending import one_bug_one_todo_of_function
 from autograder.checks._memory_audit import MemoryAudit
 from autograder.checks._tensors import expect_attention_output
@@ -26,8 +24,6 @@ from autograder.checks.ch07_audit import quiet
 from autograder.checks.ch09 import kernel_audit
 from autograder.private import private, visible
 from course import hybrid_cache
-from course.hybrid_cache import NULL_BLOCK
-from course.hybrid_manager import HybridBlockManager
 from course.hybrid_models import FULL, HYBRID_MODELS, SLIDING, STATE, HybridModel, LayerGroup
 from course.paged_cases import WindowCase, on_gpu
 from kernels.varlen_attention import launch_varlen, varlen_attention_kernel
@@ -46,10 +42,6 @@ SLIDING_HIT_IDEA = ("A sliding window accepts a hit of L tokens when the "
 HYBRID_HIT_IDEA = ("The hit is the longest length every group accepts at that length, and it "
                    "stops before the last token (which is always computed): shorten it group "
                    "by group until a whole pass changes nothing.")
-ALLOCATE_IDEA = ("First each sliding-window group gives back the blocks its window left behind "
-                 "once num_computed tokens are computed (they stay given back, even when the "
-                 "step then returns False); then every group's new blocks are counted against "
-                 "the free blocks and taken together, or none of them (False).")
 WINDOW_KEY_IDEA = ("A query at position p has context = p + 1 keys up to its own, 0 .. p, and "
                    "its window sees the last window of them, its own included: the first is "
                    "max(context - window, 0). Chapter 9's kernel starts its block loop at that "
@@ -61,11 +53,6 @@ WINDOW_NAN = ("NaN: the kernel read a slot no token was written to, or saw no ke
               "position. ")
 NOT_JIT = ("window_first_key is called inside chapter 9's kernel, so it must be a Triton "
            "function: keep the @triton.jit the cell gives it.")
-BAD_STEP_IDEA = ("A step computes at least one new token after those computed: "
-                 "num_computed < 0 or num_new < 1 is a ValueError.")
-
-SUBJECT = "HybridBlockManager"  # allocate_slots's checks take the learner's class
-SUBJECT_CHECKS = {"allocate_slots"}
 
 # the picture's model of three groups, small enough to read
 SMALL = HybridModel("small: 2 sliding layers (window 8), 2 full, 1 state", (
@@ -102,91 +89,6 @@ def _sliding(cached: set[int], max_length: int, block_size: int, window: int) ->
 
 def _hybrid(groups: list[tuple[set[int], int | None]], tokens: int, block_size: int) -> dict:
     return dict(groups=groups, num_tokens=tokens, block_size=block_size)
-
-
-# --- the pool, step by step -------------------------------------------------------------------
-
-
-def observe(manager: HybridBlockManager, requests: list[int]) -> dict:
-    """What any correct pool shows after a step, whichever free block it happened to take:
-    each request's tables as where the null blocks stand and how long each table is, the free
-    blocks' count, and what is wrong with the books (a block twice, the null block handed out,
-    a block lost)."""
-    tables = {r: [[i for i, b in enumerate(t) if b == NULL_BLOCK] + [len(t)]
-                  for t in manager.tables[r]] for r in requests if r in manager.tables}
-    held = [b for r in manager.tables for t in manager.tables[r] for b in t if b != NULL_BLOCK]
-    free = list(manager.free_blocks)
-    problems = []
-    if NULL_BLOCK in free:
-        problems.append("the null block is in the free queue")
-    if len(set(held)) != len(held):
-        problems.append("a block is in two tables")
-    if set(held) & set(free):
-        problems.append("a block is both held and free")
-    return {"tables": tables, "free": len(free), "problems": problems}
-
-
-def run_steps(name: str, subject: Callable, windows: tuple, block_size: int, num_blocks: int,
-              steps: list[tuple], expected: list[Any]) -> None:
-    """Play ``steps`` (("allocate", request, num_computed, num_new) or ("free", request)) on a
-    pool of the learner's class ``subject`` (or of the course's class with ``subject`` as its
-    ``allocate_slots``), against ``expected`` (one ``observe``-like dict per step, with
-    ``returned``: a bool, or ``Raises``)."""
-    pool = subject if isinstance(subject, type) else type(
-        "HybridBlockManager", (HybridBlockManager,), {"allocate_slots": subject})
-    fn = pool.allocate_slots
-    manager = pool(num_blocks, block_size, windows)
-    done = [f"HybridBlockManager(num_blocks={num_blocks}, block_size={block_size}, "
-            f"windows={windows})"]
-    requests = sorted({step[1] for step in steps})
-    for step, want in zip(steps, expected, strict=True):
-        if step[0] == "free":
-            manager.free(step[1])
-            done.append(f"free({step[1]})")
-            continue
-        call = describe_call(fn, dict(request=step[1], num_computed=step[2], num_new=step[3]))
-        before = "After " + "; ".join(done) + ": "
-        try:
-            returned: Any = manager.allocate_slots(*step[1:])
-        except NotImplementedError:
-            raise AssertionError(not_written(name)) from None
-        except Exception as exc:
-            if isinstance(want["returned"], Raises) and isinstance(exc, ValueError):
-                done.append(call + " (ValueError)")
-                continue
-            raise AssertionError(f"{before}{call} raised {type(exc).__name__}: {exc}. "
-                                 f"{ALLOCATE_IDEA}") from None
-        if isinstance(want["returned"], Raises):
-            raise AssertionError(f"{before}{call} returned {returned!r}, expected it to raise "
-                                 f"ValueError. {BAD_STEP_IDEA}")
-        if returned is not want["returned"]:
-            raise AssertionError(f"{before}{call} returned {returned!r}, expected "
-                                 f"{want['returned']!r} (a bool). {ALLOCATE_IDEA}")
-        seen = observe(manager, requests)
-        if seen["problems"]:
-            raise AssertionError(f"{before}{call}: {seen['problems'][0]}. Blocks come from "
-                                 "the free queue (self._take()) and go back to it "
-                                 "(self._give_back).")
-        for request, tables in want["tables"].items():
-            got = seen["tables"].get(request)
-            if got is None:
-                raise AssertionError(f"{before}{call}: request {request} has no tables; "
-                                     f"expected tables for it. {ALLOCATE_IDEA}")
-            for group, (mine, theirs) in enumerate(zip(got, tables, strict=True)):
-                if mine != theirs:
-                    raise AssertionError(
-                        f"{before}{call}: request {request}'s table in group {group} (window "
-                        f"{windows[group]}) has {mine[-1]} slots, null at {mine[:-1]}; "
-                        f"expected {theirs[-1]} slots, null at {theirs[:-1]}. {ALLOCATE_IDEA}")
-        unexpected = sorted(set(seen["tables"]) - set(want["tables"]))
-        if unexpected:
-            raise AssertionError(f"{before}{call}: request {unexpected[0]} has tables, "
-                                 f"expected none: a step that does not fit takes nothing. "
-                                 f"{ALLOCATE_IDEA}")
-        if seen["free"] != want["free"]:
-            raise AssertionError(f"{before}{call}: {seen['free']} blocks free, expected "
-                                 f"{want['free']}. {ALLOCATE_IDEA}")
-        done.append(call)
 
 
 # --- the visible checks -----------------------------------------------------------------------
@@ -226,6 +128,10 @@ def check_sliding_window_hit(fn: Callable) -> None:
                  promise=INT)
 
 
+# hybrid_hit calls the learner's sliding_window_hit by name: where it fails, it is checked again
+# with the course's lent (one bug costs one TODO)
+SLIDING_HIT_LENT = {"sliding_window_hit": hybrid_cache.sliding_window_hit}
+
 HYBRID_CASES = [
     _hybrid([({0, 1, 2, 3, 4, 5}, None), ({0, 2, 3, 5}, 6)], 25, 4),
     _hybrid([({0, 1, 2}, None), ({1, 2, 3}, 6)], 25, 4),
@@ -249,54 +155,6 @@ def check_hybrid_hit(fn: Callable) -> None:
                      HYBRID_HIT_IDEA, rel_tol=0, promise=INT)
 
     one_bug_one_todo_of_function(check, fn, SLIDING_HIT_LENT)
-
-
-ALLOCATION = ((6, None), 4, 10, [
-    ("allocate", 0, 0, 9), ("allocate", 0, 9, 1), ("allocate", 0, 10, 3),
-    ("allocate", 0, 13, 1), ("allocate", 1, 0, 12), ("allocate", 0, 14, 0),
-    ("allocate", 0, -1, 2), ("allocate", 1, 0, 5), ("free", 0), ("allocate", 1, 0, 12),
-])
-
-
-# Where the window's blocks decide: a pool of 3 blocks (and the null block), blocks of 1, a
-# window of 1 beside full attention: the second step fits only with the block it frees; with a
-# second full group it does not fit, and the freed block stays freed.
-FREED_DECIDES = [((None, 1), 1, 4, [("allocate", 0, 0, 1), ("allocate", 0, 1, 1)]),
-                 ((None, None, 1), 1, 4, [("allocate", 0, 0, 1), ("allocate", 0, 1, 1)])]
-
-
-SLIDING_HIT_LENT = {"sliding_window_hit": hybrid_cache.sliding_window_hit}
-
-
-def with_course_helpers(check: Callable[[Any], None], subject: Any) -> None:
-    """``check`` of ``allocate_slots`` on ``subject`` (the learner's class, or the function);
-    where it fails, again with the course's ``free_skipped_blocks`` lent to it, so that a bug
-    in that helper costs only the helper's own test."""
-    lent = {"free_skipped_blocks": hybrid_cache.free_skipped_blocks}
-    method = vars(subject).get("allocate_slots") if isinstance(subject, type) else None
-    if isinstance(method, types.FunctionType):  # the class's own: lend through its globals
-        one_bug_one_todo_of_function(
-            lambda fn: check(type(subject.__name__, (subject,), {"allocate_slots": fn})),
-            method, lent)
-    else:
-        one_bug_one_todo_of_function(check, subject, lent)
-
-
-@visible
-def check_allocate_slots(subject: Callable) -> None:
-    """Windows (6, None), blocks of 4, a pool of 10: a 9-token prompt (3 blocks in each
-    group), decodes until the window frees blocks, a second request that does not fit
-    (False, nothing taken), bad arguments (ValueError), then free. Then two steps whose fit
-    the window's freed block decides: one that fits only with it, one that does not fit
-    even so (the block stays freed)."""
-    runs = [(run, private("10").allocation_outcomes(*run))  # asked once, before any run
-            for run in [ALLOCATION, *FREED_DECIDES]]
-
-    def check(pool: Any) -> None:
-        for run, expected in runs:
-            run_steps("allocate_slots", pool, *run, expected)
-
-    with_course_helpers(check, subject)
 
 
 # --- window_first_key -------------------------------------------------------------------------

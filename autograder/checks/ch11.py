@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from autograder.checks._contract import TUPLE_OF_INTS, Promise, expect_cases
@@ -40,11 +41,13 @@ META_IDEA = ("build_connector_meta hands over every load decided since the last 
              "block_size, where tier.prepare_store(keys) finds room (None: that chunk saves "
              "nothing); each copy's GPU block is the request's table at the block's index.")
 ADMIT_IDEA = ("Waiting requests are taken from the front: one whose load is in flight is "
-              "skipped (it keeps its place), one whose load is done runs with its loaded "
-              "tokens marked computed, a new one gets its blocks and its GPU hit, then asks the "
-              "connector what it can load: with tokens to load it waits, else it runs. Once a "
-              "new request does not fit, no new request is admitted that step; admission stops "
-              "when the step preempted, the budget is spent or max_num_seqs run.")
+              "skipped (it keeps its place), one whose load is done has its blocks cached and "
+              "runs, a new one starts from its GPU hit, asks the connector what it can load, "
+              "then gets room (for every token it knows when it waits for a load, else for the "
+              "tokens it runs now) and the connector is told its blocks: with tokens to load "
+              "it waits, else it runs. Once a new request finds no room, no new request is "
+              "admitted that step; admission stops when the step preempted, the budget is spent "
+              "or max_num_seqs run.")
 
 SUBJECT = "OffloadingConnectorScheduler"  # the scheduler half's checks take the learner's class
 SUBJECT_CHECKS = {"get_num_new_matched_tokens", "build_connector_meta"}
@@ -249,7 +252,8 @@ def check_build_connector_meta(subject: Any) -> None:
 
 def asking_again(half: type, late: dict[int, int]) -> type:
     """The scheduler half ``half``, answering ``(None, False)``, "ask me again later", to the
-    first ``late[request]`` questions about each request in ``late``."""
+    first ``late[request]`` questions about each request in ``late``; the requests it so
+    answered since the run last read them are in ``asked_later``."""
 
     class AskAgain(half):
         def get_num_new_matched_tokens(self, request: ChunkedRequest,
@@ -257,6 +261,7 @@ def asking_again(half: type, late: dict[int, int]) -> type:
             left = vars(self).setdefault("late", dict(late))
             if left.get(request.id, 0) > 0:
                 left[request.id] -= 1
+                vars(self).setdefault("asked_later", set()).add(request.id)
                 return None, False
             return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
@@ -271,17 +276,33 @@ class RecordingWorker(DryRunWorker):
         self.last = metadata
 
 
+ADMISSION_PARTS = ("chunks", "preempted", "running", "waiting", "loading", "received",
+                   "free_blocks", "num_computed_tokens")
+
+
 def observe_step(scheduler: ConnectorScheduler, plan: Schedule) -> dict:
     """What any correct admission shows after a step: the chunks (request, first token,
     tokens), the requests preempted, running and waiting (in order), those loading and those
-    whose load is done but not yet admitted, and the free GPU blocks."""
+    whose load is done but not yet admitted, the free GPU blocks, and each waiting request's
+    num_computed_tokens (a loading one's hits and loaded tokens, less what failed; 0 for any
+    other)."""
     return {"chunks": [(c.request.id, c.start, c.num_tokens) for c in plan.chunks],
             "preempted": list(plan.preempted),
             "running": [r.id for r in scheduler.running],
             "waiting": [r.id for r in scheduler.waiting],
             "loading": sorted(scheduler.loading),
             "received": sorted(scheduler.received),
-            "free_blocks": scheduler.manager.num_free_blocks()}
+            "free_blocks": scheduler.kv_cache.num_free(),
+            "num_computed_tokens": {r.id: r.num_computed_tokens for r in scheduler.waiting}}
+
+
+class RoundFailed(Exception):
+    """The connector's part of a step raised ``exc``: at ``step``, after an admission that
+    left ``observed`` (``observe_step``, before the connector's round)."""
+
+    def __init__(self, exc: Exception, step: int, observed: dict) -> None:
+        super().__init__(exc)
+        self.exc, self.step, self.observed = exc, step, observed
 
 
 def run_engine(admit: Callable, num_blocks: int, block_size: int, budget: int,
@@ -300,7 +321,9 @@ def run_engine(admit: Callable, num_blocks: int, block_size: int, budget: int,
       decode connector: all but its prompt's last token to load), the prefill engine having
       let go of the requests ``failing`` (their loads fail).
 
-    The connector answers "ask again later" as ``late`` says."""
+    The connector answers "ask again later" as ``late`` says; each observation names the
+    requests it so answered that step (``asked_later``, not compared: it tells a hint which
+    rule a difference breaks)."""
     keys = {}  # the blocks of every request's tokens, its scripted outputs after its prompt
     for request, prompt, output_len, _ in sorted(requests):
         tokens = [*prompt, *(7 + i for i in range(output_len))]
@@ -332,13 +355,19 @@ def run_engine(admit: Callable, num_blocks: int, block_size: int, budget: int,
                                              "remote_block_ids": list(range(len(prompt))),
                                              "num_prompt_tokens": len(prompt)}))
         plan = scheduler.step(lambda s: connector_schedule_step(s, admit=admit))
-        connector_round(scheduler, worker, plan, lambda: None)
+        try:
+            connector_round(scheduler, worker, plan, lambda: None)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # what the admission scheduled, for the hint
+            raise RoundFailed(exc, step, observe_step(scheduler, plan)) from exc
         for chunk in plan.chunks:
             if chunk.end == chunk.request.num_tokens:  # a scripted token, as a model's
                 chunk.request.emit(7 + len(chunk.request.output))
         for request in [r for r in scheduler.running if r.done]:
             scheduler.finish(request)
         observed = observe_step(scheduler, plan)
+        observed["asked_later"] = sorted(vars(connector).pop("asked_later", ())) if late else []
         if source == "tier":
             observed["metadata"] = observe_metadata(worker.last, connector, keys, tier)
         seen.append(observed)
@@ -368,62 +397,96 @@ def expect_admission(name: str, admit: Callable, scenario: dict, expected: list[
     ``expected``: the first step that differs is named with what came before it."""
     # the call joined from single words: a catalogue takes two words and a space for prose
     call, setup = name + "(" + ", ".join(("scheduler", "plan")) + ")", describe_run(scenario)
+
+    def differs(step: int, part: str, mine: dict) -> AssertionError:
+        want = expected[step]
+        before = f" (the step before: {_without_metadata(expected[step - 1])})" if step else ""
+        earlier = expected[step - 1] if step else None
+        return AssertionError(
+            f"With {setup}, at step {step} after {call}: {part} is {mine[part]}, "
+            f"expected {want[part]} (chunks as (request, first token, tokens)){before}."
+            f" {_admission_hint(earlier, mine, want, scenario)}{ADMIT_IDEA}")
+
     try:
         seen = run_engine(admit, **scenario)
     except NotImplementedError:
         raise AssertionError(not_written(name)) from None
     except Exception as exc:
+        if isinstance(exc, RoundFailed):  # the chunks scheduled, if wrong, say more
+            if exc.step < len(expected) and \
+                    exc.observed["chunks"] != expected[exc.step]["chunks"]:
+                raise differs(exc.step, "chunks", exc.observed) from None
+            exc = exc.exc
         raise AssertionError(f"{call} raised {type(exc).__name__}: {exc} (in a run of {setup})."
                              f" {_raised_hint(exc)}{ADMIT_IDEA}") from None
     for step, (mine, want) in enumerate(zip(seen, expected, strict=False)):
-        for part in ("chunks", "preempted", "running", "waiting", "loading", "received",
-                     "free_blocks"):
+        for part in ADMISSION_PARTS:
             if mine[part] != want[part]:
-                before = f" (the step before: {_without_metadata(expected[step - 1])})" \
-                    if step else ""
-                earlier = expected[step - 1] if step else None
-                raise AssertionError(
-                    f"With {setup}, at step {step} after {call}: {part} is {mine[part]}, "
-                    f"expected {want[part]} (chunks as (request, first token, tokens)){before}."
-                    f" {_admission_hint(earlier, mine, want, scenario)}{ADMIT_IDEA}")
+                raise differs(step, part, mine)
     if len(seen) != len(expected):
         raise AssertionError(f"{call} served every request in {len(seen)} steps, expected "
                              f"{len(expected)} (in a run of {setup}). {ADMIT_IDEA}")
 
 
-LOAD_DONE_RUNS = ("A request whose load is done runs (its loaded tokens marked computed), "
-                  "even once a new request did not fit: it holds its blocks already, and "
-                  "waiting behind a request that cannot fit while holding them would never "
-                  "end. ")
+LOAD_DONE_RUNS = ("A request whose load is done runs, even once a new request found no room: "
+                  "it holds its blocks already, and waiting behind a request that cannot fit "
+                  "while holding them would never end. ")
 LOAD_IN_FLIGHT = ("A request whose load is in flight is skipped until the load is reported "
                   "done: it keeps its place at the front of waiting, and its blocks, and the "
                   "requests behind it are still looked at. ")
 LEAVES_BOTH = ("A request whose load is done leaves both scheduler.loading and "
                "scheduler.received when it runs. ")
-LOADED_MARKED = ("A request whose load is done has its tokens marked computed "
-                 "(manager.mark_computed(id, num_computed_tokens)) before it runs: its hits and "
-                 "loaded blocks become the prefix cache's, as a computed chunk's do. ")
-NO_NEW_AFTER_FULL = ("Once a new request does not fit (NoFreeBlocksError), no new request is "
-                     "admitted that step; only requests whose load is done still run. ")
+LOADED_CACHED = ("A request whose load is done has its computed tokens cached "
+                 "(kv.cache_blocks(request)) before it runs: its hits and loaded blocks become "
+                 "the prefix cache's, as a computed chunk's do, and a new request behind it in "
+                 "the same step hits them. ")
+NO_NEW_AFTER_FULL = ("Once kv.allocate_slots finds no room for a new request (False), no new "
+                     "request is admitted that step, even one that would fit; only requests "
+                     "whose load is done still run. ")
 LOADED_COMPUTED = ("The tokens loaded are computed: num_computed_tokens grows by the n "
                    "tokens the connector loads (hits + n), and the request's chunk starts "
                    "there. ")
 SKIPPED_ORDER = ("The requests skipped keep their order at the front of waiting. ")
 ADMIT_LIMITS = ("Admission stops when the step preempted, the budget (max_num_batched_tokens "
                 "less what the running requests took) is spent, or max_num_seqs requests run. ")
-ASKED_LATER = ("A request the connector asks to be asked again later (None) gives its blocks "
-               "back (manager.free) and is skipped. ")
+ASKED_LATER = ("A new request the connector asks to be asked again later (None) is skipped "
+               "with its num_computed_tokens back to 0: it holds no blocks, and it starts "
+               "from its hit again when it is next looked at. ")
+NO_ROOM_BACK_TO_0 = ("A new request kv.allocate_slots finds no room for (False) is skipped "
+                     "with its num_computed_tokens back to 0: it holds no blocks, and it "
+                     "starts from its hit again when it is next looked at. ")
+ROOM_FOR_EVERY_TOKEN = ("A new request that waits for its load gets room for every token it "
+                        "knows after its hit (kv.allocate_slots(request, num_tokens - hits)): "
+                        "its loaded tokens arrive while it waits, and once they have, it runs "
+                        "on the blocks it holds without asking for more. ")
+ROOM_FOR_NUM_NEW = ("A new request that runs now gets room for the num_new tokens it runs "
+                    "(min(num_tokens - num_computed_tokens, budget)), as chapter 9's step "
+                    "gives: its later chunks ask for their own. ")
+TOLD_AFTER_ROOM = ("The connector is told a new request's blocks "
+                   "(connector.update_state_after_alloc(request, kv.block_table(id), n)) once "
+                   "kv.allocate_slots has made room: its loads go into those blocks, and a "
+                   "request refused room has none. ")
+FROM_THE_HIT = ("A new request starts from its GPU hit: num_computed_tokens = "
+                "kv.get_computed_tokens(request) before the connector is asked (past that hit) "
+                "and before kv.allocate_slots, which reads it as the hit; the n loaded tokens "
+                "are added once its room is made. ")
 
 
 def _raised_hint(exc: Exception) -> str:
-    """The rule a run that raised most likely missed, read from where it raised: the block
-    manager refusing blocks to a request that holds some (one asked again later kept its
-    own), the run never finishing (a request whose load is done never ran), a request's
-    bookkeeping missing (one still loading when it runs)."""
+    """The rule a run that raised most likely missed, read from where it raised: the KV cache
+    refusing a new request whose computed tokens are not its hit, the connector given no
+    blocks (or a new request's table asked for before it has one), the run never finishing
+    (a request whose load is done never ran), a request's bookkeeping missing (one still
+    loading when it runs)."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = frames[-1].name if frames else ""
-    if isinstance(exc, ValueError) and where == "allocate":
-        return ASKED_LATER
+    caller = Path(frames[-2].filename).parent.name if len(frames) > 1 else ""
+    if isinstance(exc, ValueError) and where == "allocate_slots":
+        return FROM_THE_HIT
+    if where == "update_state_after_alloc" or (where == "block_table" and caller != "course"):
+        return TOLD_AFTER_ROOM  # the connector told, or a new request's table read, too soon
+    if isinstance(exc, IndexError) and where == "build_connector_meta":
+        return ROOM_FOR_EVERY_TOKEN  # a request ran tokens it has no blocks for
     if isinstance(exc, RuntimeError) and where == "run_engine":
         return LOAD_DONE_RUNS
     if isinstance(exc, KeyError):
@@ -454,22 +517,40 @@ def _admission_hint(before: dict | None, mine: dict, want: dict, scenario: dict)
     if set(mine["loading"]) & set(mine["running"]):
         return LEAVES_BOTH
     starts = {request: start for request, start, _ in want["chunks"]}
-    if any(request in starts and start < starts[request]
+    if any(request in starts and start < starts[request] and request in received
            for request, start, _ in mine["chunks"]):
         return LOADED_COMPUTED
-    if received & set(mine["running"]) and mine["free_blocks"] != want["free_blocks"]:
-        return LOADED_MARKED
     if sorted(mine["waiting"]) == sorted(want["waiting"]) and mine["waiting"] != want["waiting"]:
         return SKIPPED_ORDER
     if started - set(want["loading"]) - set(want["running"]):
         return NO_NEW_AFTER_FULL
     if set(want["loading"]) - set(mine["loading"]) - loading:
         return LOAD_IN_FLIGHT
+    moved = any(request in starts and start != starts[request]
+                for request, start, _ in mine["chunks"])
+    if moved or mine["free_blocks"] != want["free_blocks"]:
+        fewer = moved or mine["free_blocks"] < want["free_blocks"]
+        new_loads = set(want["loading"]) - loading
+        if fewer and received & set(want["running"]):
+            return LOADED_CACHED  # a new request behind it missed its blocks
+        if not fewer and new_loads:
+            return ROOM_FOR_EVERY_TOKEN
+        if fewer and not moved and not new_loads:
+            return ROOM_FOR_NUM_NEW
+        return FROM_THE_HIT
+    wrong = {r for r, n in want["num_computed_tokens"].items()
+             if mine["num_computed_tokens"].get(r) != n}
+    if wrong & set(want["loading"]):
+        return LOADED_COMPUTED
+    if wrong & set(want.get("asked_later", ())):
+        return ASKED_LATER
+    if wrong:
+        return NO_ROOM_BACK_TO_0
     return ""
 
 
 def _without_metadata(observed: dict) -> dict:
-    return {k: v for k, v in observed.items() if k != "metadata"}
+    return {k: v for k, v in observed.items() if k not in ("metadata", "asked_later")}
 
 
 def turns(count: int, seed: int, conversations: int) -> list[tuple]:
@@ -480,6 +561,11 @@ def turns(count: int, seed: int, conversations: int) -> list[tuple]:
 
 
 ADMISSION = [
+    # two requests handed over by a prefill engine whose prompts share 8 tokens, the second
+    # arriving while the first decodes: it hits the first one's blocks and loads the rest
+    dict(num_blocks=16, block_size=2, budget=8, max_num_seqs=2, cpu_blocks=0, load_steps=2,
+         requests=[(0, list(range(20, 29)), 6, 0), (1, [*range(20, 28), *range(40, 47)], 2, 4)],
+         source="prefill engine"),
     # six turns of one conversation, each handed over by a prefill engine: loads of two
     # steps, the prefill engine letting go of request 1 before it is read, the connector
     # asking once to be asked again about request 3
@@ -496,10 +582,11 @@ ADMISSION = [
 @visible
 def check_admit_with_connector(fn: Callable) -> None:
     """A decode engine admitting requests a prefill engine hands over (chapter 11's decode
-    connector: all but the prompt's last token loaded): six turns of one conversation, loads
-    of two steps, one load failing, the connector asking once to be asked again; six turns of
-    three conversations in a pool of 12 blocks, loads of three steps, requests that do not
-    fit."""
+    connector: all but the prompt's last token loaded): two prompts sharing 8 tokens, the
+    second hitting the first's blocks on the GPU and loading the rest; six turns of one
+    conversation, loads of two steps, one load failing, the connector asking once to be
+    asked again; six turns of three conversations in a pool of 12 blocks, loads of three
+    steps, requests that do not fit."""
     for scenario in ADMISSION:
         expected = private("11").admission_outcomes(**scenario)
         expect_admission("admit_with_connector", fn, scenario, expected)

@@ -1,7 +1,7 @@
-"""Chapter 10's hidden checks: seeded random models and hypothesis-drawn tables, cached sets and
-runs of the pool, each checked against an oracle written another way (per layer and token, per
-slot and position, a search over every hit length, a pool kept as a dict of logical blocks),
-and the known mistakes a hint names.
+"""Chapter 10's hidden checks: seeded random models, hypothesis-drawn tables and cached sets,
+and attention cases through chapter 9's kernel, each checked against an oracle written another
+way (per layer and token, per slot and position, a search over every hit length, query token
+by query token over the keys as written), and the known mistakes a hint names.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
-from autograder.checks._contract import INT, Raises, expect_cases
+from autograder.checks._contract import INT, expect_cases
 from autograder.checks._helpers import for_all, mistakes
 from autograder.checks._lending import one_bug_one_todo_of_function
 from autograder.checks.ch10 import (
     BYTES_IDEA,
     FREE_IDEA,
     FREED_AND_TABLE,
-    FREED_DECIDES,
     HYBRID_HIT_IDEA,
     SLIDING_HIT_IDEA,
     SLIDING_HIT_LENT,
@@ -29,10 +28,8 @@ from autograder.checks.ch10 import (
     _hybrid,
     _sliding,
     freeing,
-    run_steps,
     run_window_kernel,
     window_case,
-    with_course_helpers,
 )
 from autograder.private import thorough
 from course import hybrid_cache
@@ -380,129 +377,6 @@ def check_hybrid_hit_thoroughly(fn: Callable) -> None:
             subject, [case], hybrid_case, HYBRID_HIT_IDEA, rel_tol=0, promise=INT),
             max_examples=300),
         fn, SLIDING_HIT_LENT)
-
-
-# --- allocate_slots ---------------------------------------------------------------------------
-
-
-class _Pool:
-    """The pool as a second reading of the rules: per request and group, a dict of logical
-    block index -> physical block (None: the null block)."""
-
-    def __init__(self, windows, block_size, num_blocks):
-        self.windows, self.block_size = windows, block_size
-        self.free = list(range(1, num_blocks))
-        self.held: dict[int, list[dict[int, int | None]]] = {}
-
-    def allocate(self, request, num_computed, num_new):
-        if num_computed < 0 or num_new < 1:
-            return Raises(ValueError)
-        groups = self.held.get(request, [{} for _ in self.windows])
-        for slots, window in zip(groups, self.windows, strict=True):
-            if window is None:
-                continue
-            for index, block in _freeable(slots, num_computed, window, self.block_size):
-                self.free.append(block)
-                slots[index] = None
-        wanted = len(range(0, num_computed + num_new, self.block_size))
-        missing = [wanted - len(slots) for slots in groups if len(slots) < wanted]
-        if sum(missing) > len(self.free):
-            return False
-        self.held[request] = groups
-        for slots in groups:
-            while len(slots) < wanted:
-                slots[len(slots)] = self.free.pop(0)
-        return True
-
-    def release(self, request):
-        for slots in self.held.pop(request, []):
-            self.free += [b for _, b in sorted(slots.items(), reverse=True) if b is not None]
-
-    def seen(self, returned):
-        tables = {r: [[i for i in sorted(s) if s[i] is None] + [len(s)] for s in groups]
-                  for r, groups in self.held.items()}
-        return {"returned": returned, "tables": tables, "free": len(self.free)}
-
-
-def _freeable(slots, num_computed, window, block_size):
-    return [(i, b) for i, b in sorted(slots.items()) if b is not None
-            and (i + 1) * block_size - 1 < num_computed - window + 1]
-
-
-def allocation_outcomes(windows, block_size, num_blocks, steps) -> list:
-    """What each step of ``steps`` must give (``run_steps``), from the second reading."""
-    pool, outcomes = _Pool(windows, block_size, num_blocks), []
-    for step in steps:
-        if step[0] == "free":
-            pool.release(step[1])
-            outcomes.append(None)
-        else:
-            outcomes.append(pool.seen(pool.allocate(*step[1:])))
-    return outcomes
-
-
-@st.composite
-def _runs(draw):
-    windows = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 12)), min_size=1,
-                                  max_size=3)))
-    block_size = draw(st.integers(1, 5))
-    num_blocks = draw(st.integers(2, 30))
-    computed: dict[int, int] = {}
-    steps = []
-    for _ in range(draw(st.integers(1, 14))):
-        request = draw(st.integers(0, 2))
-        action = draw(st.sampled_from(["grow", "grow", "grow", "free", "bad"]))
-        if action == "free":
-            steps.append(("free", request))
-            computed.pop(request, None)
-        elif action == "bad":
-            steps.append(("allocate", request, draw(st.sampled_from([-1, 0])), 0))
-        else:
-            done = computed.get(request, 0)
-            new = draw(st.integers(1, 9))
-            steps.append(("allocate", request, done, new))
-            computed[request] = done + new  # assumed computed; a refusal below undoes it
-    return windows, block_size, num_blocks, _computed_only_when_granted(steps, windows,
-                                                                        block_size, num_blocks)
-
-
-def _computed_only_when_granted(steps, windows, block_size, num_blocks):
-    """``steps`` with each request's ``num_computed`` counting only the steps granted."""
-    pool, computed, kept = _Pool(windows, block_size, num_blocks), {}, []
-    for step in steps:
-        if step[0] == "free":
-            pool.release(step[1])
-            computed.pop(step[1], None)
-            kept.append(step)
-            continue
-        _, request, done, new = step
-        if new >= 1:
-            done = computed.get(request, 0)
-        kept.append(("allocate", request, done, new))
-        if pool.allocate(request, done, new) is True:
-            computed[request] = done + new
-    return kept
-
-
-def _check_run(subject: Callable, run: tuple) -> None:
-    windows, block_size, num_blocks, steps = run
-    run_steps("allocate_slots", subject, windows, block_size, num_blocks, steps,
-              allocation_outcomes(windows, block_size, num_blocks, steps))
-
-
-@thorough
-def check_allocate_slots_thoroughly(subject: Callable) -> None:
-    """Hypothesis-drawn runs: one to three groups, windows of 1 and more, blocks of 1 to 5,
-    pools of 2 to 30 blocks, several requests growing and freed, bad steps. ``subject``: the
-    learner's class, or an ``allocate_slots`` function; where it fails, again with the course's
-    ``free_skipped_blocks`` lent to its ``allocate_slots``."""
-
-    def check(pool: Callable) -> None:
-        for run in FREED_DECIDES:  # drawn runs seldom reach a step its freed blocks decide
-            _check_run(pool, run)
-        for_all(_runs(), lambda run: _check_run(pool, run), max_examples=200)
-
-    with_course_helpers(check, subject)
 
 
 # --- window_first_key -------------------------------------------------------------------------

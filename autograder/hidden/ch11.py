@@ -24,6 +24,7 @@ from autograder.checks.ch11 import (
     META_IDEA,
     METADATA_PARTS,
     SUBJECT,
+    RoundFailed,
     describe_raised,
     describe_run,
     expect_admission,
@@ -33,7 +34,6 @@ from autograder.checks.ch11 import (
 )
 from autograder.private import thorough
 from course import connector_demo
-from course.block_manager import NoFreeBlocksError
 from course.chunked_scheduler import Chunk
 from course.connector_engine import admit_with_connector
 from course.kv_connector import KVConnectorMetadata
@@ -175,8 +175,8 @@ def _requests(seed: int, count: int, conversations: int) -> list[tuple]:
 @st.composite
 def _runs(draw, late: bool = False, sources: tuple = ("tier",)) -> dict:
     """A drawn run: conversations whose turns come back to their prefixes, a GPU pool that
-    fits the longest request (and 0 to 3 blocks more), a tier of 4 to 40 blocks, loads of 1
-    to 3 steps, some failing."""
+    fits the longest request (and 0 to 3 blocks more, and the null block), a tier of 4 to 40
+    blocks, loads of 1 to 3 steps, some failing."""
     seed = draw(st.integers(0, 10_000))
     block_size = draw(st.sampled_from([1, 2, 4]))
     requests = _requests(seed, draw(st.integers(3, 10)), draw(st.integers(2, 4)))
@@ -184,7 +184,7 @@ def _runs(draw, late: bool = False, sources: tuple = ("tier",)) -> dict:
     rng = random.Random(seed)
     blocks = sorted({(r[0], i) for r in requests for i in range(len(r[1]) // block_size)})
     share = draw(st.sampled_from([0.0, 0.0, 0.3]))
-    run = dict(num_blocks=longest + draw(st.integers(0, 3)), block_size=block_size,
+    run = dict(num_blocks=longest + 1 + draw(st.integers(0, 3)), block_size=block_size,
                budget=draw(st.integers(2, 24)), max_num_seqs=draw(st.integers(1, 4)),
                cpu_blocks=draw(st.integers(4, 40)), load_steps=draw(st.integers(1, 3)),
                requests=requests, failing=[b for b in blocks if rng.random() < share])
@@ -208,6 +208,7 @@ def _same_metadata(half: type, run: dict) -> None:
 
         raise AssertionError(not_written(name)) from None
     except Exception as exc:
+        exc = exc.exc if isinstance(exc, RoundFailed) else exc
         raise AssertionError(
             f"With {describe_run(run)}, the engine with your {SUBJECT} raised "
             f"{describe_raised(exc)}: what build_connector_meta handed the worker, or kept "
@@ -245,8 +246,9 @@ def check_build_connector_meta_thoroughly(subject: Any) -> None:
 
 def _admit_in_one_pass(scheduler, plan) -> None:
     """The admission read another way: the queue sorted in one pass into those that run and
-    those that stay, in order."""
-    manager, connector = scheduler.manager, scheduler.connector
+    those that stay, in order; a new request's hit, load and room worked out before any of
+    it is written on the request."""
+    kv, connector = scheduler.kv_cache, scheduler.connector
     left = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
     queue, stay, new_fit = list(scheduler.waiting), [], True
     scheduler.waiting.clear()
@@ -260,28 +262,24 @@ def _admit_in_one_pass(scheduler, plan) -> None:
         if request.id in scheduler.loading:
             scheduler.loading.discard(request.id)
             scheduler.received.discard(request.id)
-            manager.mark_computed(request.id, request.num_computed_tokens)
+            kv.cache_blocks(request)
+        elif not new_fit:
+            stay.append(request)
+            continue
         else:
-            if not new_fit:
-                stay.append(request)
-                continue
-            try:
-                hit = manager.allocate(request.id, request.tokens)
-            except NoFreeBlocksError:
-                new_fit = False
-                stay.append(request)
-                continue
+            hit = kv.get_computed_tokens(request)
             request.num_computed_tokens = hit
             loadable, _ = connector.get_num_new_matched_tokens(request, hit)
-            if loadable is None:
-                manager.free(request.id)
+            if loadable is None or not kv.allocate_slots(
+                    request, request.num_tokens - hit if loadable
+                    else min(request.num_tokens - hit, left)):
+                new_fit = new_fit and loadable is None
                 request.num_computed_tokens = 0
                 stay.append(request)
                 continue
-            connector.update_state_after_alloc(request, manager.block_table(request.id),
-                                               loadable)
-            request.num_computed_tokens = hit + loadable
+            connector.update_state_after_alloc(request, kv.block_table(request.id), loadable)
             if loadable:
+                request.num_computed_tokens = hit + loadable
                 scheduler.loading.add(request.id)
                 stay.append(request)
                 continue
@@ -300,8 +298,8 @@ def admission_outcomes(**scenario: Any) -> list[dict]:
 def _loading_run(block_size: int, num_blocks: int, load_steps: int) -> dict:
     """Two conversations whose blocks a long prompt evicts from the GPU, their second turns
     loading them from the tier while new requests come, and a third turn arriving as the
-    first one's load lands (it finds the loaded blocks on the GPU, if they were marked
-    computed)."""
+    first one's load lands (it finds the loaded blocks on the GPU, if they were cached
+    as it ran)."""
     chat_a, chat_b = list(range(500, 510)), list(range(540, 549))
     return dict(num_blocks=num_blocks, block_size=block_size, budget=24, max_num_seqs=4,
                 cpu_blocks=64, load_steps=load_steps, requests=[

@@ -1,7 +1,8 @@
-"""Chapter 9 solved another way: a scheduling step written with list operations and one
-budget counter; the PyTorch attention as one decode per query token (chapter 6's
-``paged_decode_attention`` with each token's own context length); a kernel that walks the
-group's query heads one at a time with broadcast products and exp2.
+"""Chapter 9 solved another way: a scheduling step as one flat loop over the running
+requests (a refusal preempts and comes back to the same request) and a flag for admitting;
+the PyTorch attention as one decode per query token (chapter 6's ``paged_decode_attention``
+with each token's own context length); a kernel that walks the group's query heads one at a
+time with broadcast products and exp2.
 
 Self-contained functions (the grading tests paste them into the notebook), using only what
 the notebook imports.
@@ -13,49 +14,50 @@ import torch
 import triton
 import triton.language as tl
 
-from course.block_manager import NoFreeBlocksError
 from course.chunked_scheduler import Chunk, Schedule
 from kernels.paged_attention_ref import paged_decode_attention
 
 
 def schedule_step(scheduler):
-    manager = scheduler.manager
+    # one flat loop over the running requests: a refusal preempts the newest and comes back
+    # to the same request; once it preempted itself, none is left at its place and the loop
+    # ends on its own
+    kv = scheduler.kv_cache
     plan = Schedule()
     budget = scheduler.max_num_batched_tokens
-    position = 0
-    while budget and position < len(scheduler.running):
-        request = scheduler.running[position]
-        missing = request.tokens[manager.seq_len(request.id):]
-        try:
-            for token in missing:
-                manager.append_slot(request.id, token)
-        except NoFreeBlocksError:
-            newest = scheduler.running[-1]
-            del scheduler.running[-1]
-            manager.free(newest.id)
-            newest.num_computed_tokens = 0
-            scheduler.waiting.insert(0, newest)
-            plan.preempted += [newest.id]
+
+    def take(request, count):
+        nonlocal budget
+        plan.chunks += [Chunk(request, request.num_computed_tokens, count)]
+        request.num_computed_tokens += count
+        budget -= count
+
+    done = 0
+    while budget and done < len(scheduler.running):
+        request = scheduler.running[done]
+        count = min(budget, request.num_tokens - request.num_computed_tokens)
+        if kv.allocate_slots(request, count):
+            take(request, count)
+            done += 1
             continue
-        take = max(0, min(budget, request.num_tokens - request.num_computed_tokens))
-        plan.chunks += [Chunk(request, request.num_computed_tokens, take)]
-        request.num_computed_tokens += take
-        budget -= take
-        position += 1
-    if plan.preempted:
-        return plan
-    while budget and scheduler.waiting and len(scheduler.running) < scheduler.max_num_seqs:
+        newest = scheduler.running[-1]
+        del scheduler.running[-1]
+        kv.free(newest)
+        newest.num_computed_tokens = 0
+        scheduler.waiting.insert(0, newest)
+        plan.preempted += [newest.id]
+    admitting = not plan.preempted
+    while admitting and budget and scheduler.waiting and \
+            len(scheduler.running) < scheduler.max_num_seqs:
         head = scheduler.waiting[0]
-        try:
-            head.num_computed_tokens = manager.allocate(head.id, head.tokens)
-        except NoFreeBlocksError:
-            break
-        scheduler.waiting.popleft()
-        scheduler.running += [head]
-        take = min(budget, head.num_tokens - head.num_computed_tokens)
-        plan.chunks += [Chunk(head, head.num_computed_tokens, take)]
-        head.num_computed_tokens += take
-        budget -= take
+        head.num_computed_tokens = kv.get_computed_tokens(head)
+        count = min(budget, head.num_tokens - head.num_computed_tokens)
+        admitting = kv.allocate_slots(head, count)
+        if admitting:
+            scheduler.running += [scheduler.waiting.popleft()]
+            take(head, count)
+        else:
+            head.num_computed_tokens = 0
     return plan
 
 

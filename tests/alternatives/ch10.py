@@ -1,7 +1,6 @@
 """Chapter 10 solved another way: bytes counted layer by layer, slots tested position by
-position, hits found by trying every length from the longest down, a step's blocks counted
-before anything changes but the freed ones, and the window's first key as the keys it has
-left behind."""
+position, hits found by trying every length from the longest down, and the window's first key
+as the keys it has left behind."""
 
 from __future__ import annotations
 
@@ -54,57 +53,6 @@ def hybrid_hit(groups, num_tokens, block_size):
         if accepted:
             return length
     return 0
-
-
-class HybridBlockManager:
-    """The pool as a list of free blocks and, per request, one table per group; a step's
-    blocks counted before any is taken."""
-
-    def __init__(self, num_blocks, block_size, windows):
-        self.block_size, self.windows = block_size, tuple(windows)
-        self.free_blocks = list(range(1, num_blocks))
-        self.tables = {}
-
-    def blocks_to_allocate(self, request, num_tokens):
-        blocks = -(-num_tokens // self.block_size)
-        return [max(0, blocks - len(table))
-                for table in self.tables.get(request, [[]] * len(self.windows))]
-
-    def allocate_slots(self, request, num_computed, num_new):
-        if not (num_computed >= 0 and num_new >= 1):
-            raise ValueError(f"a step computes 1 or more tokens, got {num_new} after "
-                             f"{num_computed}")
-        tables = self.tables[request] if request in self.tables else [[] for _ in self.windows]
-        for group, window in enumerate(self.windows):
-            if window is not None:
-                freed = free_skipped_blocks(tables[group], num_computed, window, self.block_size)
-                self._give_back(freed)
-        blocks = -(-(num_computed + num_new) // self.block_size)
-        wanted = [max(0, blocks - len(table)) for table in tables]
-        if sum(wanted) > self.num_free():
-            return False
-        new_blocks = [self._take() for _ in range(sum(wanted))]
-        for table, count in zip(tables, wanted, strict=True):
-            table += new_blocks[:count]
-            del new_blocks[:count]
-        self.tables[request] = tables
-        return True
-
-    def free(self, request):
-        for table in self.tables.pop(request, []):
-            self._give_back([block for block in table[::-1] if block != NULL_BLOCK])
-
-    def num_free(self):
-        return len(self.free_blocks)
-
-    def _take(self):
-        return self.free_blocks.pop(0)
-
-    def _give_back(self, blocks):
-        self.free_blocks.extend(blocks)
-
-
-ALTERNATIVES = [HybridBlockManager]
 
 
 @triton.jit

@@ -4,7 +4,6 @@ handed over; the admission reads the queue by index and rebuilds it at the end."
 
 from __future__ import annotations
 
-from course.block_manager import NoFreeBlocksError
 from course.chunked_scheduler import Chunk
 from course.kv_connector import KVConnectorMetadata, KVConnectorScheduler
 from course.offloading_connector import BlockCopy
@@ -79,9 +78,17 @@ ALTERNATIVES = [OffloadingConnectorScheduler]
 
 
 def admit_with_connector(scheduler, plan):
+    kv, connector = scheduler.kv_cache, scheduler.connector
     queue = list(scheduler.waiting)
     budget = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
     held_back, index, new_ones_fit = [], 0, True
+
+    def room_for(request, hit, extra):
+        """Whether the pool has room: every token after the hit for one that will wait for
+        its load, else this step's share."""
+        wanted = request.num_tokens - hit
+        return kv.allocate_slots(request, wanted if extra > 0 else min(wanted, budget))
+
     while index < len(queue) and not plan.preempted and budget > 0 \
             and len(scheduler.running) < scheduler.max_num_seqs:
         request = queue[index]
@@ -93,28 +100,22 @@ def admit_with_connector(scheduler, plan):
         if loading:
             scheduler.loading.discard(request.id)
             scheduler.received.discard(request.id)
-            scheduler.manager.mark_computed(request.id, request.num_computed_tokens)
+            kv.cache_blocks(request)
         elif not new_ones_fit:
             held_back.append(request)
             continue
         else:
-            try:
-                request.num_computed_tokens = scheduler.manager.allocate(request.id,
-                                                                         request.tokens)
-            except NoFreeBlocksError:
-                new_ones_fit = False
-                held_back.append(request)
-                continue
-            extra, _ = scheduler.connector.get_num_new_matched_tokens(
-                request, request.num_computed_tokens)
-            if extra is None:
-                scheduler.manager.free(request.id)
+            hit = kv.get_computed_tokens(request)
+            request.num_computed_tokens = hit
+            extra, _ = connector.get_num_new_matched_tokens(request, hit)
+            fits = extra is not None and room_for(request, hit, extra)
+            if not fits:
                 request.num_computed_tokens = 0
+                new_ones_fit = extra is None
                 held_back.append(request)
                 continue
-            scheduler.connector.update_state_after_alloc(
-                request, scheduler.manager.block_table(request.id), extra)
-            request.num_computed_tokens += extra
+            connector.update_state_after_alloc(request, kv.block_table(request.id), extra)
+            request.num_computed_tokens = hit + extra
             if extra > 0:
                 scheduler.loading.add(request.id)
                 held_back.append(request)

@@ -4,92 +4,104 @@ from __future__ import annotations
 
 import torch
 
-from course.block_manager import NoFreeBlocksError
 from course.chunked_scheduler import Chunk, Schedule
 from course.prefix_cache import prefix_keys
 from mutants import Rule, kernel_mutant
 
 
 def _scheduler_with(prefill_first=False, clip_budget=True, clip_remaining=True,
-                    whole_hit=False, reset=True, admit_after_preemption=False,
-                    slots_before_budget=False, stop_after_preempting_another=False):
+                    whole_hit=False, hit_from_zero=False, hit_as_blocks=False, reset=True,
+                    free_victim=True, victim_to_front=True, preempt_oldest=False,
+                    ask_again_after_itself=False, stop_after_preempting_another=False,
+                    admit_after_preemption=False, cap_running=True, room_for_the_step=True,
+                    reset_after_refusal=True, stop_at_refusal=True):
     """The scheduling step with one rule misread."""
 
     def schedule_step(scheduler):
-        manager, plan = scheduler.manager, Schedule()
+        kv, plan = scheduler.kv_cache, Schedule()
         budget = [scheduler.max_num_batched_tokens]
 
-        def run(request, left):
-            n = min(left, budget[0]) if clip_budget else left
+        def num_new(request):
+            left = request.num_tokens - (request.num_computed_tokens if clip_remaining else 0)
+            return min(left, budget[0]) if clip_budget else left
+
+        def room(request, n):
+            if room_for_the_step:
+                return kv.allocate_slots(request, n)
+            # room for every token left, though only n are scheduled now
+            return kv.allocate_slots(request, request.num_tokens - request.num_computed_tokens)
+
+        def run(request, n):
             plan.chunks.append(Chunk(request, request.num_computed_tokens, n))
             request.num_computed_tokens += n
             budget[0] -= n
 
-        def slots(request):
-            while manager.seq_len(request.id) < request.num_tokens:
-                manager.append_slot(request.id, request.tokens[manager.seq_len(request.id)])
-
-        def every_slot_first():
-            """Every running request's slots before any budget is spent (the rule takes
-            them inside the budget loop, for the requests it schedules)."""
-            index = 0
-            while index < len(scheduler.running):
-                try:
-                    slots(scheduler.running[index])
-                    index += 1
-                except NoFreeBlocksError:
-                    victim = scheduler.running.pop()
-                    manager.free(victim.id)
-                    victim.num_computed_tokens = 0
-                    scheduler.waiting.appendleft(victim)
-                    plan.preempted.append(victim.id)
+        def preempt():
+            victim = scheduler.running.pop(0 if preempt_oldest else -1)
+            if free_victim:
+                kv.free(victim)
+            if reset:
+                victim.num_computed_tokens = 0
+            if victim_to_front:
+                scheduler.waiting.appendleft(victim)
+            else:
+                scheduler.waiting.append(victim)
+            plan.preempted.append(victim.id)
+            return victim
 
         def running():
-            if slots_before_budget:
-                every_slot_first()
-            index, preempted_another = 0, False
+            index = 0
             while index < len(scheduler.running) and budget[0] > 0:
                 request = scheduler.running[index]
-                try:
-                    while manager.seq_len(request.id) < request.num_tokens:
-                        manager.append_slot(request.id,
-                                            request.tokens[manager.seq_len(request.id)])
-                except NoFreeBlocksError:
-                    victim = scheduler.running.pop()
-                    manager.free(victim.id)
-                    if reset:
-                        victim.num_computed_tokens = 0
-                    scheduler.waiting.appendleft(victim)
-                    plan.preempted.append(victim.id)
-                    preempted_another = victim is not request
-                    continue
-                left = request.num_tokens - request.num_computed_tokens
-                if not clip_remaining:
-                    left = request.num_tokens
-                run(request, left)
+                n = num_new(request)
+                preempted_another = preempted_itself = False
+                while not room(request, n):
+                    victim = preempt()
+                    if victim is request:
+                        preempted_itself = True
+                        if not ask_again_after_itself:
+                            break
+                    else:
+                        preempted_another = True
+                if preempted_itself and not ask_again_after_itself:
+                    break
+                run(request, n)
                 index += 1
                 if stop_after_preempting_another and preempted_another:
                     break  # as if preempting anyone ended the pass
 
+        def hit_of(request):
+            if hit_from_zero:  # every new request computed from its first token
+                return 0
+            if hit_as_blocks:  # the hit read as a number of blocks
+                return kv.get_computed_tokens(request) * kv.block_size
+            if whole_hit:  # every cached full block counted, the last one too
+                hits = 0
+                for key in prefix_keys(request.tokens, kv.block_size):
+                    if kv.pool.cached_block(0, key) is None:
+                        break
+                    hits += kv.block_size
+                return hits
+            return kv.get_computed_tokens(request)
+
         def waiting():
-            while ((admit_after_preemption or not plan.preempted) and scheduler.waiting
-                   and budget[0] > 0
-                   and len(scheduler.running) < scheduler.max_num_seqs):
-                request = scheduler.waiting[0]
-                try:
-                    hits = manager.allocate(request.id, request.tokens)
-                except NoFreeBlocksError:
+            if plan.preempted and not admit_after_preemption:
+                return
+            for request in list(scheduler.waiting):
+                if budget[0] <= 0 or (cap_running and
+                                      len(scheduler.running) >= scheduler.max_num_seqs):
                     break
-                if whole_hit:  # every cached full block counted, the last one too
-                    hits = 0
-                    for key in prefix_keys(request.tokens, manager.block_size):
-                        if key not in manager.cache:
-                            break
-                        hits += manager.block_size
-                scheduler.waiting.popleft()
+                request.num_computed_tokens = hit_of(request)
+                n = num_new(request)
+                if not room(request, n):
+                    if reset_after_refusal:
+                        request.num_computed_tokens = 0
+                    if stop_at_refusal:
+                        break
+                    continue  # as if a later request could take the place of this one
+                scheduler.waiting.remove(request)
                 scheduler.running.append(request)
-                request.num_computed_tokens = hits
-                run(request, request.num_tokens - (0 if not clip_remaining else hits))
+                run(request, n)
 
         if prefill_first:
             waiting()
@@ -200,17 +212,36 @@ MUTANTS = {
          "takes its tokens from the one budget"),
         (_named(_scheduler_with(clip_remaining=False), "_chunk_not_clipped_to_the_prompt"),
          "what is left to compute"),
+        (_named(_scheduler_with(room_for_the_step=False), "_room_for_every_token_left"),
+         "not for every token left"),
         (_named(_scheduler_with(whole_hit=True), "_hit_counts_the_whole_prompt"),
          "at least one token is always computed"),
+        (_named(_scheduler_with(hit_from_zero=True), "_new_request_from_token_0"),
+         "set its num_computed_tokens to kv.get_computed_tokens(request)"),
+        (_named(_scheduler_with(hit_as_blocks=True), "_hit_read_as_blocks"),
+         "not a number of blocks"),
+        (_named(_scheduler_with(preempt_oldest=True), "_preempts_the_oldest"),
+         "preempt the last of scheduler.running"),
+        (_named(_scheduler_with(free_victim=False), "_victim_keeps_its_blocks"),
+         "kv.free(request) gives them back to the pool"),
         (_named(_scheduler_with(reset=False), "_preemption_keeps_computed_tokens"),
          "set num_computed_tokens to 0"),
-        (_named(_scheduler_with(admit_after_preemption=True), "_admits_after_a_preemption"),
-         "no waiting request is admitted in that step"),
-        (_named(_scheduler_with(slots_before_budget=True), "_slots_before_the_budget_pass"),
-         "the budget does not reach this step takes no slot"),
+        (_named(_scheduler_with(victim_to_front=False), "_victim_at_the_back_of_waiting"),
+         "goes back first (waiting.appendleft)"),
+        (_named(_scheduler_with(ask_again_after_itself=True),
+                "_asks_again_after_preempting_itself"),
+         "A request that preempted itself was asked for again"),
         (_named(_scheduler_with(stop_after_preempting_another=True),
                 "_pass_ends_after_preempting_another"),
          "Only a request that had to preempt itself (it was the newest) ends the pass"),
+        (_named(_scheduler_with(admit_after_preemption=True), "_admits_after_a_preemption"),
+         "no waiting request is admitted in that step"),
+        (_named(_scheduler_with(cap_running=False), "_ignores_max_num_seqs"),
+         "fewer than max_num_seqs requests run"),
+        (_named(_scheduler_with(reset_after_refusal=False), "_refused_request_keeps_its_hit"),
+         "kept its prefix hit as num_computed_tokens"),
+        (_named(_scheduler_with(stop_at_refusal=False), "_admits_past_a_refusal"),
+         "admitting stops"),
     ],
     "varlen_paged_attention": [
         (_named(_attention_with(lambda start, q_len, n, j: n), "_no_causal_mask"),
@@ -238,22 +269,32 @@ MUTANTS = {
 }
 
 RULES = [
-    Rule("Running requests first, in order, while the budget is above 0.", "schedule_step",
+    Rule("Running requests, in order (scheduler.running, oldest first)", "schedule_step",
          ("_prefill_before_decodes",)),
-    Rule("while the budget is above 0. First every token of the request without a slot gets "
-         "one", "schedule_step", ("_slots_before_the_budget_pass",)),
-    Rule("takes n from the budget", "schedule_step", ("_budget_overrun",)),
-    Rule("Preempting another request ends nothing: this request gets its slot and the pass "
-         "goes on to the next running request.", "schedule_step",
-         ("_pass_ends_after_preempting_another",)),
-    Rule("Then schedule min(request.num_tokens - request.num_computed_tokens, budget) tokens",
-         "schedule_step", ("_chunk_not_clipped_to_the_prompt",)),
-    Rule("chapter 4's allocate never counts the block that holds the last token",
-         "schedule_step", ("_hit_counts_the_whole_prompt",)),
+    Rule("num_new = min(request.num_tokens - request.num_computed_tokens, budget)",
+         "schedule_step", ("_budget_overrun", "_chunk_not_clipped_to_the_prompt")),
+    Rule("ask kv.allocate_slots(request, num_new) for their slots", "schedule_step",
+         ("_room_for_every_token_left",)),
+    Rule("preempt the newest running request (the last of scheduler.running)",
+         "schedule_step", ("_preempts_the_oldest",)),
+    Rule("kv.free(it)", "schedule_step", ("_victim_keeps_its_blocks",)),
     Rule("set its num_computed_tokens to 0", "schedule_step",
          ("_preemption_keeps_computed_tokens",)),
+    Rule("put it at the front of waiting", "schedule_step", ("_victim_at_the_back_of_waiting",)),
+    Rule("then ask again, unless the request preempted was this one (no running request is "
+         "left after it, and the pass ends)", "schedule_step",
+         ("_asks_again_after_preempting_itself", "_pass_ends_after_preempting_another")),
     Rule("Waiting requests, only if nothing was preempted this step", "schedule_step",
          ("_admits_after_a_preemption",)),
+    Rule("fewer than max_num_seqs requests run", "schedule_step", ("_ignores_max_num_seqs",)),
+    Rule("its num_computed_tokens becomes its prefix hit, kv.get_computed_tokens(request)",
+         "schedule_step", ("_new_request_from_token_0", "_hit_read_as_blocks")),
+    Rule("which never reaches its last token: there is always one to compute",
+         "schedule_step", ("_hit_counts_the_whole_prompt",)),
+    Rule("its num_computed_tokens goes back to 0", "schedule_step",
+         ("_refused_request_keeps_its_hit",)),
+    Rule("returns False, its num_computed_tokens goes back to 0 and admitting stops",
+         "schedule_step", ("_admits_past_a_refusal",)),
     Rule("attends (causally) to the request's keys 0 .. seq_len - q_len + j",
          "varlen_paged_attention", ("_no_causal_mask", "_context_one_short")),
     Rule("its query j sits at position seq_len - q_len + j", "varlen_paged_attention",

@@ -207,66 +207,6 @@ def _full_attention_groups_only(groups, num_tokens, block_size):
                 for cached, window in groups if window is None] or [length])
 
 
-# --- allocate_slots ---------------------------------------------------------------------------
-
-
-def _allocation(free_skipped: bool = True, give_back: bool = True, computed_after: bool = False,
-                all_or_none: bool = True, per_group: bool = False, validate: bool = True,
-                returns: bool = True, count_first: bool = False, undo_frees: bool = False):
-    """``allocate_slots`` written with one of the rules broken."""
-    from course.hybrid_cache import free_skipped_blocks
-
-    def allocate_slots(self, request, num_computed, num_new):
-        if validate and (num_computed < 0 or num_new < 1):
-            raise ValueError("bad step")
-        tables = self.tables.get(request) or [[] for _ in self.windows]
-        if count_first and sum(self.blocks_to_allocate(request, num_computed + num_new)) > \
-                self.num_free():
-            return False  # counted before the window's blocks went back
-        before = [list(table) for table in tables]
-        freed_all = []
-        for table, window in zip(tables, self.windows, strict=True):
-            if window is not None and free_skipped:
-                seen = num_computed + num_new if computed_after else num_computed
-                freed = free_skipped_blocks(table, seen, window, self.block_size)
-                freed_all += freed
-                if give_back:
-                    self._give_back(freed)
-        needed = self.blocks_to_allocate(request, num_computed + num_new)
-        fits = (all(count <= self.num_free() for count in needed) if per_group
-                else sum(needed) <= self.num_free())
-        if all_or_none and not fits:
-            if undo_frees:  # as if a refused step changed nothing at all
-                for table, old in zip(tables, before, strict=True):
-                    table[:] = old
-                for block in freed_all:
-                    self.free_blocks.remove(block)
-            return False
-        self.tables[request] = tables
-        for table, count in zip(tables, needed, strict=True):
-            for _ in range(count):
-                if not self.num_free():
-                    return False
-                table.append(self._take())
-        return True if returns else None
-
-    return allocate_slots
-
-
-_never_frees_skipped_blocks = _named("_never_frees_skipped_blocks",
-                                     _allocation(free_skipped=False))
-_nulls_without_giving_back = _named("_nulls_without_giving_back", _allocation(give_back=False))
-_frees_for_the_new_tokens = _named("_frees_for_the_new_tokens",
-                                   _allocation(computed_after=True))
-_takes_what_fits = _named("_takes_what_fits", _allocation(all_or_none=False))
-_counts_each_group_alone = _named("_counts_each_group_alone", _allocation(per_group=True))
-_no_bad_step_check = _named("_no_bad_step_check", _allocation(validate=False))
-_returns_none_when_made = _named("_returns_none_when_made", _allocation(returns=False))
-_counts_before_freeing = _named("_counts_before_freeing", _allocation(count_first=True))
-_undoes_the_frees_when_refused = _named("_undoes_the_frees_when_refused",
-                                        _allocation(undo_frees=True))
-
-
 # --- window_first_key -------------------------------------------------------------------------
 
 def _first_key(name: str, new: str):
@@ -322,17 +262,6 @@ MUTANTS = {
         (_last_token_hit_too, "The last token is always computed"),
         (_full_attention_groups_only, "Every group must accept the hit"),
     ],
-    "allocate_slots": [
-        (_counts_before_freeing, "First each sliding-window group gives back"),
-        (_undoes_the_frees_when_refused, "they stay given back"),
-        (_never_frees_skipped_blocks, "expected 3 slots, null at [0]"),
-        (_nulls_without_giving_back, "blocks free, expected"),
-        (_frees_for_the_new_tokens, "once num_computed tokens are computed"),
-        (_takes_what_fits, "a step that does not fit takes nothing"),
-        (_counts_each_group_alone, "a step that does not fit takes nothing"),
-        (_no_bad_step_check, "expected it to raise ValueError"),
-        (_returns_none_when_made, "returned None, expected True"),
-    ],
     "window_first_key": _first_keys(),
 }
 
@@ -376,20 +305,6 @@ RULES = [
          "before it", "hybrid_hit", ("_last_token_hit_too",)),
     Rule("A hybrid model's hit must hold in every group", "hybrid_hit",
          ("_full_attention_groups_only",)),
-    Rule("Before counting, each sliding-window group gives back the blocks its window left "
-         "behind once num_computed tokens are computed", "allocate_slots",
-         ("_never_frees_skipped_blocks", "_nulls_without_giving_back")),
-    Rule("the tokens being computed still need their windows, so nothing past that is freed.",
-         "allocate_slots", ("_frees_for_the_new_tokens",)),
-    Rule("All or none: a step that cannot have every group's blocks takes none",
-         "allocate_slots", ("_takes_what_fits", "_counts_each_group_alone")),
-    Rule("num_computed < 0 or num_new < 1: ValueError.", "allocate_slots",
-         ("_no_bad_step_check",)),
-    Rule("and return True.", "allocate_slots", ("_returns_none_when_made",)),
-    Rule("Before counting, each sliding-window group gives back the blocks its window left "
-         "behind", "allocate_slots", ("_counts_before_freeing",)),
-    Rule("Those blocks stay given back even when the step then returns False",
-         "allocate_slots", ("_undoes_the_frees_when_refused",)),
     Rule("the window holds window keys, its own included", "window_first_key",
          ("window_one_short", "window_one_long")),
     Rule("sees only its last window keys", "window_first_key",

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from course.block_manager import NoFreeBlocksError
 from course.chunked_scheduler import Chunk
 from course.kv_connector import KVConnectorMetadata
 from course.offloading_connector import BlockCopy
@@ -110,14 +109,16 @@ _stores_a_block_at_a_time = _named("_stores_a_block_at_a_time", _metadata(togeth
 # --- admit_with_connector ----------------------------------------------------------------------
 
 
-def _admission(skip_loading=True, wait_for_loads=True, count_loaded=True, mark_loaded=True,
+def _admission(skip_loading=True, wait_for_loads=True, count_loaded=True, cache_loaded=True,
                leave_loading=True, hold_new_when_full=True, loaded_when_full=True,
-               free_when_asked_later=True, skipped_in_front=True, stop_when_preempted=True,
+               zero_when_asked_later=True, zero_when_refused=True, from_the_hit=True,
+               room_for_every_token=True, room_for_num_new=True, told_after_room=True,
+               count_after_room=True, skipped_in_front=True, stop_when_preempted=True,
                cap_seqs=True, cap_budget=True):
     """``admit_with_connector`` with each of its rules as a switch."""
 
     def admit_with_connector(scheduler, plan):
-        manager, connector = scheduler.manager, scheduler.connector
+        kv, connector = scheduler.kv_cache, scheduler.connector
         budget = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
         skipped, pool_full = [], False
         while (scheduler.waiting and budget > 0 and (not plan.preempted or not
@@ -133,30 +134,41 @@ def _admission(skip_loading=True, wait_for_loads=True, count_loaded=True, mark_l
                 if leave_loading:
                     scheduler.loading.remove(request.id)
                     scheduler.received.remove(request.id)
-                if mark_loaded:
-                    manager.mark_computed(request.id, request.num_computed_tokens)
+                if cache_loaded:
+                    kv.cache_blocks(request)
             else:
-                try:
-                    if pool_full and hold_new_when_full:
-                        raise NoFreeBlocksError
-                    hits = manager.allocate(request.id, request.tokens)
-                except NoFreeBlocksError:
+                if pool_full and hold_new_when_full:
+                    skipped.append(request)
+                    continue
+                hits = kv.get_computed_tokens(request) if from_the_hit else 0
+                request.num_computed_tokens = hits
+                num_external, _ = connector.get_num_new_matched_tokens(request, hits)
+                if num_external is None:
+                    if zero_when_asked_later:
+                        request.num_computed_tokens = 0
+                    skipped.append(request)
+                    continue
+                if not told_after_room:  # no table yet: the connector is given none
+                    connector.update_state_after_alloc(request, [], num_external)
+                if not count_after_room:
+                    request.num_computed_tokens += num_external
+                if num_external:
+                    room = request.num_tokens - hits if room_for_every_token else num_external
+                else:
+                    room = min(request.num_tokens - hits, budget) if room_for_num_new else \
+                        request.num_tokens - hits
+                if not kv.allocate_slots(request, room):
+                    if zero_when_refused:
+                        request.num_computed_tokens = 0
                     pool_full = True
                     skipped.append(request)
                     if not loaded_when_full:
                         break
                     continue
-                request.num_computed_tokens = hits
-                num_external, _ = connector.get_num_new_matched_tokens(request, hits)
-                if num_external is None:
-                    if free_when_asked_later:
-                        manager.free(request.id)
-                    request.num_computed_tokens = 0
-                    skipped.append(request)
-                    continue
-                connector.update_state_after_alloc(request, manager.block_table(request.id),
-                                                   num_external)
-                if count_loaded:
+                if told_after_room:
+                    connector.update_state_after_alloc(request, kv.block_table(request.id),
+                                                       num_external)
+                if count_loaded and count_after_room:
                     request.num_computed_tokens += num_external
                 if num_external and wait_for_loads:
                     scheduler.loading.add(request.id)
@@ -180,11 +192,17 @@ _ADMISSIONS = {
     "_stops_at_a_loading_request": dict(skip_loading=False),
     "_runs_before_its_load_lands": dict(wait_for_loads=False),
     "_computes_the_loaded_tokens_again": dict(count_loaded=False),
-    "_loaded_tokens_never_marked_computed": dict(mark_loaded=False),
+    "_loaded_blocks_never_cached": dict(cache_loaded=False),
     "_still_loading_once_it_runs": dict(leave_loading=False),
     "_new_requests_after_one_that_did_not_fit": dict(hold_new_when_full=False),
     "_nothing_after_one_that_did_not_fit": dict(loaded_when_full=False),
-    "_keeps_blocks_when_asked_again_later": dict(free_when_asked_later=False),
+    "_keeps_its_hit_when_asked_again_later": dict(zero_when_asked_later=False),
+    "_keeps_its_hit_when_refused_room": dict(zero_when_refused=False),
+    "_ignores_the_gpu_hit": dict(from_the_hit=False),
+    "_room_for_the_loaded_tokens_only": dict(room_for_every_token=False),
+    "_room_for_every_token_when_it_runs_now": dict(room_for_num_new=False),
+    "_tells_the_connector_before_its_room": dict(told_after_room=False),
+    "_adds_the_loaded_tokens_before_its_room": dict(count_after_room=False),
     "_skipped_requests_to_the_back": dict(skipped_in_front=False),
     "_admits_after_a_preemption": dict(stop_when_preempted=False),
     "_no_max_num_seqs": dict(cap_seqs=False),
@@ -218,11 +236,20 @@ MUTANTS = {
         ("_stops_at_a_loading_request", "the requests behind it are still looked at"),
         ("_runs_before_its_load_lands", "skipped until the load is reported done"),
         ("_computes_the_loaded_tokens_again", "The tokens loaded are computed"),
-        ("_loaded_tokens_never_marked_computed", "has its tokens marked computed"),
+        ("_loaded_blocks_never_cached", "has its computed tokens cached"),
         ("_still_loading_once_it_runs", "leaves both scheduler.loading and scheduler.received"),
-        ("_new_requests_after_one_that_did_not_fit", "no new request is admitted that step;"),
-        ("_nothing_after_one_that_did_not_fit", "even once a new request did not fit"),
-        ("_keeps_blocks_when_asked_again_later", "gives its blocks back (manager.free)"),
+        ("_new_requests_after_one_that_did_not_fit", "no new request is admitted that step"),
+        ("_nothing_after_one_that_did_not_fit", "even once a new request found no room"),
+        ("_keeps_its_hit_when_asked_again_later", "asks to be asked again later (None) is "
+                                                  "skipped with its num_computed_tokens back"),
+        ("_keeps_its_hit_when_refused_room", "finds no room for (False) is skipped with its "
+                                             "num_computed_tokens back to 0"),
+        ("_ignores_the_gpu_hit", "A new request starts from its GPU hit"),
+        ("_room_for_the_loaded_tokens_only", "gets room for every token it knows"),
+        ("_room_for_every_token_when_it_runs_now", "gets room for the num_new tokens it runs"),
+        ("_tells_the_connector_before_its_room", "once kv.allocate_slots has made room"),
+        ("_adds_the_loaded_tokens_before_its_room", "the n loaded tokens are added once its "
+                                                    "room is made"),
         ("_skipped_requests_to_the_back", "keep their order at the front of waiting"),
         ("_admits_after_a_preemption", "Admission stops when the step preempted"),
         ("_no_max_num_seqs", "or max_num_seqs requests run"),
@@ -259,18 +286,29 @@ RULES = [
          "next.", "admit_with_connector", ("_stops_at_a_loading_request",)),
     Rule("its load is done; it leaves both sets", "admit_with_connector",
          ("_still_loading_once_it_runs",)),
-    Rule("its num_computed_tokens (hits and loaded tokens, less what failed) become computed "
-         "(manager.mark_computed), and it runs.", "admit_with_connector",
-         ("_loaded_tokens_never_marked_computed",)),
-    Rule("on NoFreeBlocksError skip it and every new request after it this step",
-         "admit_with_connector", ("_new_requests_after_one_that_did_not_fit",)),
+    Rule("its computed tokens (hits and loaded tokens, less what failed) are cached "
+         "(kv.cache_blocks(request)), and it runs", "admit_with_connector",
+         ("_loaded_blocks_never_cached",)),
+    Rule("num_computed_tokens becomes its GPU hit (kv.get_computed_tokens(request))",
+         "admit_with_connector", ("_ignores_the_gpu_hit",)),
+    Rule("None means ask again later (num_computed_tokens back to 0, skip it)",
+         "admit_with_connector", ("_keeps_its_hit_when_asked_again_later",)),
+    Rule("with n > 0, for every token it knows after its hit (num_tokens - hits: the loaded "
+         "ones arrive while it waits, and once they have it runs without asking for more)",
+         "admit_with_connector", ("_room_for_the_loaded_tokens_only",)),
+    Rule("else for the num_new tokens it runs now.", "admit_with_connector",
+         ("_room_for_every_token_when_it_runs_now",)),
+    Rule("False: its num_computed_tokens goes back to 0", "admit_with_connector",
+         ("_keeps_its_hit_when_refused_room",)),
+    Rule("and it and every new request after it are skipped this step", "admit_with_connector",
+         ("_new_requests_after_one_that_did_not_fit",)),
     Rule("requests whose load is done still run", "admit_with_connector",
          ("_nothing_after_one_that_did_not_fit",)),
-    Rule("None means ask again later (free its blocks, skip it)", "admit_with_connector",
-         ("_keeps_blocks_when_asked_again_later",)),
-    Rule("add n to num_computed_tokens", "admit_with_connector",
-         ("_computes_the_loaded_tokens_again",)),
-    Rule("With n > 0 it waits for its load: into scheduler.loading, skipped.",
+    Rule("Then connector.update_state_after_alloc(request, kv.block_table(id), n).",
+         "admit_with_connector", ("_tells_the_connector_before_its_room",)),
+    Rule("With n > 0 its num_computed_tokens grows by n", "admit_with_connector",
+         ("_computes_the_loaded_tokens_again", "_adds_the_loaded_tokens_before_its_room")),
+    Rule("and it waits for its load: into scheduler.loading, skipped.",
          "admit_with_connector", ("_runs_before_its_load_lands",)),
     Rule("while plan preempted nothing", "admit_with_connector",
          ("_admits_after_a_preemption",)),
