@@ -46,8 +46,8 @@ from kernels.varlen_attention_ref import varlen_paged_attention
 class VarlenBatch:
     """The tensors one step needs: its chunks' tokens packed, one row per token, and per
     request where its tokens start and what it attends over (vLLM's attention metadata).
-    ``slot_mapping`` and ``block_tables`` are the first KV-cache group's; a model of several
-    groups has each group's in ``group_slots`` and ``group_tables``."""
+    ``slot_mapping`` and ``block_tables`` are the first KV-cache group's; the engine's batch
+    has every group's in ``group_slots`` and ``group_tables`` (``ChunkedEngine.build_batch``)."""
 
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64: each token's position in its request
@@ -215,9 +215,8 @@ class ChunkedEngine:
         (``course.connector_engine``)."""
         group, place = self.place[layer]
         k_cache, v_cache = self.pool.k[place], self.pool.v[place]
-        slots = batch.group_slots[group] if batch.group_slots else batch.slot_mapping
-        tables = batch.group_tables[group] if batch.group_tables else batch.block_tables
-        write_kv(k_cache, v_cache, k, v, slots)
+        tables = batch.group_tables[group]
+        write_kv(k_cache, v_cache, k, v, batch.group_slots[group])
         window = self.model.config.window(layer)
         if window is None:
             return self.attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,

@@ -205,6 +205,15 @@ def _request(request_id: int, tokens: list[int], computed: int = 0) -> ChunkedRe
     return ChunkedRequest(request_id, list(tokens), 100, num_computed_tokens=computed)
 
 
+def _computed_and_cached(kv: KVCacheCoordinator, tokens: list[int]) -> ChunkedRequest:
+    """Request 0 of ``tokens``, all of them computed in one step and cached."""
+    request = _request(0, tokens)
+    assert kv.allocate_slots(request, len(tokens))
+    request.num_computed_tokens = len(tokens)
+    kv.cache_blocks(request)
+    return request
+
+
 # --- the pool ---------------------------------------------------------------------------------
 
 
@@ -297,10 +306,7 @@ def _hit_scenario(kv_class) -> tuple[KVCacheCoordinator, ChunkedRequest, list[in
     (7 of 8). Taken first, a new block would come from the queue's front: a block of the
     full group's hit, evicted for another table."""
     kv = kv_class(9, 2, [None, 3])
-    first = _request(0, list(range(8)))
-    assert kv.allocate_slots(first, 8)
-    first.num_computed_tokens = 8
-    kv.cache_blocks(first)
+    first = _computed_and_cached(kv, list(range(8)))
     kv.free(first)
     second = _request(1, [*range(8), 99])
     hit_blocks = [kv.pool.cached[group, key] for group in (0, 1)
@@ -333,10 +339,7 @@ def test_get_computed_tokens_changes_nothing_and_never_reaches_the_last_token(
     last token is computed), one of 9 hits 8; nothing in the pool changes, its free queue's
     order neither."""
     kv = kv_class(12, 2, [None, 3])
-    first = _request(0, list(range(8)))
-    assert kv.allocate_slots(first, 8)
-    first.num_computed_tokens = 8
-    kv.cache_blocks(first)
+    first = _computed_and_cached(kv, list(range(8)))
     kv.free(first)
     before = books(kv)
     assert kv.get_computed_tokens(_request(1, list(range(8)))) == 6
@@ -385,10 +388,7 @@ def test_a_step_of_no_token_or_before_the_first_is_refused_and_changes_nothing(c
 
 def test_a_new_request_must_start_from_its_hit():
     kv = HybridKVCacheCoordinator(12, 2, [None, 3])
-    first = _request(0, list(range(8)))
-    assert kv.allocate_slots(first, 8)
-    first.num_computed_tokens = 8
-    kv.cache_blocks(first)
+    _computed_and_cached(kv, list(range(8)))
     before = books(kv)
     with pytest.raises(ValueError, match="prefix hit is 6"):
         kv.allocate_slots(_request(1, list(range(8)), computed=4), 2)
