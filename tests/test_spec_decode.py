@@ -1,17 +1,43 @@
-"""Speculative decoding's proposals and verification (``course.v1.spec_decode``): prompt lookup
-against a second implementation written from vLLM's description (a prefix-function scan of the
-reversed tokens), greedy acceptance against its definition, and the rejection sampler against
-the target's own distribution, measured on a tiny vocabulary; wrong samplers are caught by the
-same measure."""
+"""Speculative decoding (``course.v1.spec_decode``).
+
+* Prompt lookup against a second implementation written from vLLM's description (a
+  prefix-function scan of the reversed tokens); greedy acceptance against its definition.
+* The rejection sampler against the target's own distribution, measured on a tiny vocabulary;
+  two wrong samplers are caught by the same measure.
+* The KV side in a hypothesis state machine: chapter 9's scheduling step with
+  ``schedule_lookahead`` over full-attention and sliding-window groups, drafts kept or
+  rejected as drawn and ``rollback`` after each step, the model's writes into the slots
+  played by the machine. Every computed token sits in its slot, every cached block holds the
+  tokens its key names, the pool's books balance; each rule broken is caught.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
-from course.v1.spec_decode import accept_greedy, ngram_propose, rejection_sample
+from course.v0.prefix_cache import prefix_keys
+from course.v1.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, schedule_step
+from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
+from course.v1.kv_coordinator import NULL_BLOCK, KVCacheCoordinator
+from course.v1.spec_decode import (
+    accept_greedy,
+    ngram_propose,
+    rejection_sample,
+    rollback,
+    schedule_lookahead,
+)
 
 
 def _lookup_by_prefix_function(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -171,3 +197,208 @@ def test_the_measure_catches_a_sampler_that_shifts_the_distribution(wrong):
     emitted = [wrong(drafts_of(gen), draft, target, gen) for _ in range(SAMPLES)]
     first = torch.bincount(torch.tensor([e[0] for e in emitted]), minlength=VOCAB).double()
     assert _distance(first, target[0]) > 2 * TOLERANCE
+
+
+# --- the KV side: drafts scheduled, verified and rolled back, in a state machine -----------
+
+
+class SpeculativeServing(RuleBasedStateMachine):
+    """Chapter 9's scheduling step and ``schedule_lookahead`` over a KV cache of drawn groups
+    (full attention and sliding windows), the model played by the machine: what a step
+    computes is written, token by token, into a copy of the pool's slots; a request that
+    samples keeps a drawn number of its drafts and one token more (``rollback`` the rest),
+    and is proposed new drafts. After every step, each running request's computed tokens are
+    in its blocks, every slot its next token reads holding that token (so no cached block, no
+    hit and no window ever holds a rejected draft), and the pool's books balance."""
+
+    seen: Counter = Counter()  # how often each path was taken, over every example
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduler: ChunkedScheduler | None = None
+
+    @initialize(windows=st.lists(st.sampled_from([None, None, 3, 6]), min_size=1, max_size=2),
+                block_size=st.sampled_from([2, 4]), num_blocks=st.integers(12, 40),
+                budget=st.integers(4, 16))
+    def start(self, windows, block_size, num_blocks, budget):
+        kv = HybridKVCacheCoordinator(num_blocks, block_size, windows)
+        self.scheduler = ChunkedScheduler(num_blocks, block_size, budget, kv_cache=kv)
+        self.slots = [dict() for _ in windows]  # group -> slot -> the token written there
+        self.named: dict[str, list[int]] = {}  # prefix key -> the tokens of its block
+        self.next_id = 0
+        self.finished = 0
+
+    @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=10),
+          output_len=st.integers(1, 8))
+    def arrive(self, prompt, output_len):
+        try:
+            self.scheduler.add(ChunkedRequest(self.next_id, prompt, output_len))
+        except ValueError:
+            return  # the pool could never hold it, run alone
+        self.next_id += 1
+
+    @rule(accepted=st.lists(st.integers(0, 3), min_size=8, max_size=8),
+          drafts=st.lists(st.lists(st.integers(0, 2), max_size=4), min_size=8, max_size=8))
+    def step(self, accepted, drafts):
+        s = self.scheduler
+        proposed = {r.id: len(r.spec_token_ids) for r in s.running}
+        plan = s.step(lambda scheduler: schedule_lookahead(scheduler, schedule_step(scheduler)))
+        kv = s.kv_cache
+        for chunk in plan.chunks:
+            asked = proposed.get(chunk.request.id, 0)
+            kept = len(chunk.request.spec_token_ids)
+            self.seen["drafts scheduled"] += kept > 0
+            self.seen["drafts dropped"] += 0 < asked and kept < asked
+        self.name_blocks([chunk.request for chunk in plan.chunks])
+        for chunk in plan.chunks:  # the model writes each computed token's K/V
+            request = chunk.request
+            for group, manager in enumerate(kv.managers):
+                table = manager.tables[request.id]
+                for p in range(chunk.start, chunk.end):
+                    block = table[p // kv.block_size]
+                    assert block != NULL_BLOCK, f"position {p} of a step in a null block"
+                    self.slots[group][block * kv.block_size + p % kv.block_size] = \
+                        request.tokens_with_spec[p]
+        for i, chunk in enumerate(plan.chunks):
+            request = chunk.request
+            if chunk.end < request.num_tokens:
+                continue  # a prefill chunk short of the prompt's end samples nothing
+            kept = min(accepted[i % 8], len(request.spec_token_ids))
+            self.seen["drafts rejected"] += kept < len(request.spec_token_ids)
+            truth = request.spec_token_ids[:kept] + [3]  # 3: a token no draft ever is
+            room = request.output_len - len(request.output)
+            for token in truth[:room]:
+                request.emit(token)
+            rollback(s, request, kept)
+        for request in list(s.running):
+            if request.done:
+                s.finish(request)
+                self.finished += 1
+        for i, request in enumerate(s.running):
+            room = request.output_len - len(request.output) - 1
+            request.spec_token_ids = drafts[i % 8][:max(room, 0)]
+
+    @invariant()
+    def computed_tokens_are_in_their_blocks(self):
+        if self.scheduler is None:
+            return
+        kv = self.scheduler.kv_cache
+        for request in self.scheduler.running:
+            assert request.num_computed_tokens <= request.num_tokens
+            for group, manager in enumerate(kv.managers):
+                table = manager.tables[request.id]
+                assert len(table) == -(-request.num_computed_tokens // kv.block_size)
+                seen_from = (0 if manager.window is None else
+                             max(0, request.num_computed_tokens - manager.window + 1))
+                for p in range(seen_from, request.num_computed_tokens):
+                    slot = table[p // kv.block_size] * kv.block_size + p % kv.block_size
+                    assert table[p // kv.block_size] != NULL_BLOCK
+                    assert self.slots[group].get(slot) == request.tokens[p], (
+                        f"request {request.id}, group {group}: position {p} holds "
+                        f"{self.slots[group].get(slot)}, its token is {request.tokens[p]}")
+
+    def name_blocks(self, requests) -> None:
+        size = self.scheduler.kv_cache.block_size
+        for request in requests:
+            tokens = request.tokens_with_spec
+            for index, key in enumerate(prefix_keys(tokens, size)):
+                self.named[key] = tokens[index * size:(index + 1) * size]
+
+    @invariant()
+    def cached_blocks_hold_their_tokens(self):
+        """Every cached block holds the tokens its key names (keys of every sequence a
+        request has had, drafts included, so that a key made of drafts is known too)."""
+        if self.scheduler is None:
+            return
+        kv, size = self.scheduler.kv_cache, self.scheduler.kv_cache.block_size
+        self.name_blocks([*self.scheduler.running, *self.scheduler.waiting])
+        for (group, key), block in kv.pool.cached.items():
+            written = [self.slots[group].get(block * size + o) for o in range(size)]
+            assert written == self.named[key], (
+                f"group {group}: block {block} is cached as {self.named[key]}, holds {written}")
+
+    @invariant()
+    def the_pools_books_balance(self):
+        if self.scheduler is None:
+            return
+        kv = self.scheduler.kv_cache
+        holders = Counter(b for m in kv.managers for t in m.tables.values() for b in t
+                          if b != NULL_BLOCK)
+        assert [holders[b] for b in range(1, kv.pool.num_blocks)] == kv.pool.ref_counts[1:]
+        assert set(kv.pool.free_queue) == {b for b in range(1, kv.pool.num_blocks)
+                                           if holders[b] == 0}
+        if not self.scheduler.busy():
+            assert kv.num_held() == 0
+
+
+def test_drafts_are_scheduled_verified_and_rolled_back_without_a_wrong_slot():
+    run_state_machine_as_test(SpeculativeServing, settings=settings(
+        max_examples=150, stateful_step_count=30, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow], phases=[
+            Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink]))
+    # every path was taken, many times over: drafts given room, cut or refused, and rejected
+    assert min(SpeculativeServing.seen[path] for path in (
+        "drafts scheduled", "drafts dropped", "drafts rejected")) >= 20, SpeculativeServing.seen
+
+
+# --- the KV side's rules broken one at a time: each is caught -------------------------------
+
+
+def _lookahead_past_the_first_token(scheduler, plan):
+    """Wrong: asks room for the drafts with the step's own token already counted computed, so
+    a sliding window frees a block that token still reads."""
+    budget = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
+    for index, chunk in enumerate(plan.chunks):
+        request = chunk.request
+        drafts = request.spec_token_ids[:budget]
+        if chunk.end != request.num_tokens or not drafts:
+            continue
+        request.spec_token_ids = drafts
+        if scheduler.kv_cache.allocate_slots(request, len(drafts)):
+            plan.chunks[index] = Chunk(request, chunk.start, chunk.num_tokens + len(drafts))
+            request.num_computed_tokens += len(drafts)
+            budget -= len(drafts)
+        else:
+            request.spec_token_ids = []
+    return plan
+
+
+def _rollback_keeping_the_count(scheduler, request, num_accepted):
+    """Wrong: frees the rejected drafts' blocks but counts their tokens computed."""
+    request.spec_token_ids = []
+    scheduler.kv_cache.free_past_computed(request)
+
+
+def _rollback_keeping_the_blocks(scheduler, request, num_accepted):
+    """Wrong: pulls the count back and keeps every block the drafts took."""
+    request.num_computed_tokens -= len(request.spec_token_ids) - num_accepted
+    request.spec_token_ids = []
+
+
+def _cache_blocks_with_drafts(self, request):
+    """Wrong: caches the request's blocks by its tokens and drafts together."""
+    if self.enable_caching and request.id in self.managers[0].tables:
+        tokens = request.tokens_with_spec
+        full = min(request.num_computed_tokens, len(tokens)) // self.block_size
+        keys = prefix_keys(tokens[:full * self.block_size], self.block_size)
+        for manager in self.managers:
+            manager.cache_blocks(request.id, keys)
+
+
+@pytest.mark.parametrize("name, wrong", [
+    ("schedule_lookahead", _lookahead_past_the_first_token),
+    ("rollback", _rollback_keeping_the_count),
+    ("rollback", _rollback_keeping_the_blocks),
+    ("cache_blocks", _cache_blocks_with_drafts),
+], ids=["window-frees-past-the-first-token", "rollback-keeps-the-count",
+        "rollback-keeps-the-blocks", "drafts-cached"])
+def test_each_rule_of_the_kv_side_broken_is_caught(name, wrong, monkeypatch):
+    if name == "cache_blocks":
+        monkeypatch.setattr(KVCacheCoordinator, "cache_blocks", _cache_blocks_with_drafts)
+    else:
+        monkeypatch.setitem(globals(), name, wrong)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(SpeculativeServing, settings=settings(
+            max_examples=150, stateful_step_count=30, deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+            phases=[Phase.explicit, Phase.generate]))

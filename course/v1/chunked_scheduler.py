@@ -47,11 +47,17 @@ class ChunkedRequest:
     output: list[int] = field(default_factory=list)
     logits: list[Any] = field(default_factory=list)
     num_computed_tokens: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify next step
 
     @property
     def tokens(self) -> list[int]:
         """Prompt, then every generated token."""
         return self.prompt + self.output
+
+    @property
+    def tokens_with_spec(self) -> list[int]:
+        """Every token, then the drafts (``course.v1.spec_decode``)."""
+        return self.tokens + self.spec_token_ids
 
     @property
     def num_tokens(self) -> int:

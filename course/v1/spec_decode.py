@@ -11,6 +11,14 @@ in one step, and what the target rejects rolled back (vLLM's ``vllm/v1/spec_deco
     rollback   num_computed_tokens pulls back by the drafts rejected; their slots hold K/V
                of tokens that never were, so no block is cached past the accepted tokens
 
+The KV cache sees drafts twice. Before the step, ``schedule_lookahead`` gives a request's
+drafts slots from what the step's budget and pool have left, every group's or none; a guess
+never preempts a request or displaces a real token, and a request whose drafts find no room
+still computes its own token. After it, ``rollback`` pulls the request's computed tokens back
+by the drafts rejected and gives back the blocks that held only them. A sliding window frees
+by what the step's first token sees, never by its drafts: a draft rejected would have freed
+blocks the accepted tokens still read.
+
 A step that accepts ``a`` of ``k`` drafts emits ``a + 1`` tokens for one read of the request's
 KV: decode is memory-bound, so the tokens come almost for the price of one.
 
@@ -24,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from course.v1.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Schedule
 
 
 def ngram_propose(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -88,3 +98,44 @@ def rejection_sample(drafts: Sequence[int], draft_probs: torch.Tensor | None,
         return emitted
     emitted.append(int(torch.multinomial(target_probs[k], 1, generator=generator)))
     return emitted
+
+
+def schedule_lookahead(scheduler: ChunkedScheduler, plan: Schedule) -> Schedule:
+    """Extend ``plan``'s chunks that end at their request's last known token with the
+    request's drafts (``request.spec_token_ids``), in the plan's order, from the budget the
+    plan leaves: as many drafts as it holds, if ``allocate_slots`` finds room for them all in
+    every group; otherwise the request's drafts are dropped and its own token stays scheduled.
+    Room is asked with the request's computed tokens where its chunk starts, so that a
+    sliding window frees only what the chunk's first token no longer sees."""
+    kv = scheduler.kv_cache
+    budget = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
+    for index, chunk in enumerate(plan.chunks):
+        request = chunk.request
+        if chunk.end != request.num_tokens or not request.spec_token_ids:
+            continue
+        request.spec_token_ids = request.spec_token_ids[:budget]
+        if not request.spec_token_ids:
+            continue
+        request.num_computed_tokens = chunk.start
+        extended = chunk.num_tokens + len(request.spec_token_ids)
+        if kv.allocate_slots(request, extended):
+            plan.chunks[index] = Chunk(request, chunk.start, extended)
+            budget -= len(request.spec_token_ids)
+        else:
+            request.spec_token_ids = []
+        request.num_computed_tokens = plan.chunks[index].end
+    return plan
+
+
+def rollback(scheduler: ChunkedScheduler, request: ChunkedRequest, num_accepted: int) -> None:
+    """After a step verified ``request``'s drafts and kept ``num_accepted`` of them: its
+    computed tokens pulled back by the drafts rejected (their slots hold K/V of tokens that
+    never were, written again when real tokens take those places), the blocks past its
+    computed tokens given back, and no drafts left to verify."""
+    rejected = len(request.spec_token_ids) - num_accepted
+    if not 0 <= num_accepted <= len(request.spec_token_ids):
+        raise ValueError(f"request {request.id}: {num_accepted} of "
+                         f"{len(request.spec_token_ids)} drafts accepted")
+    request.num_computed_tokens -= rejected
+    request.spec_token_ids = []
+    scheduler.kv_cache.free_past_computed(request)
