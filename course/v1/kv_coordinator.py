@@ -200,6 +200,7 @@ class KVCacheCoordinator:
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks)
         self.managers = [self.manager_for(group, window) for group, window in enumerate(windows)]
+        self.keys: dict[int, tuple[list[int], list[str]]] = {}  # id -> (tokens, their keys)
 
     def manager_for(self, group: int, window: int | None) -> SingleTypeKVCacheManager:
         if window is not None:
@@ -231,7 +232,7 @@ class KVCacheCoordinator:
         changes."""
         if not self.enable_caching or not request.tokens:
             return 0
-        keys = prefix_keys(request.tokens, self.block_size)
+        keys = self.block_keys(request, len(request.tokens) // self.block_size)
         return self.find_longest_cache_hit([m.cached_indices(keys) for m in self.managers],
                                            len(request.tokens))
 
@@ -247,7 +248,7 @@ class KVCacheCoordinator:
             if computed != self.get_computed_tokens(request):
                 raise ValueError(f"request {request.id} is new with {computed} tokens computed, "
                                  f"but its prefix hit is {self.get_computed_tokens(request)}")
-            keys = prefix_keys(request.tokens, self.block_size)
+            keys = self.block_keys(request, computed // self.block_size)
             hits = [m.hit_blocks(keys, computed) for m in self.managers]
         for manager in self.managers:
             self.pool.free_blocks(manager.remove_skipped_blocks(request.id, computed))
@@ -268,7 +269,7 @@ class KVCacheCoordinator:
         """Cache, in every group, the request's full blocks whose tokens are all computed."""
         if self.enable_caching and request.id in self.managers[0].tables:
             full = min(request.num_computed_tokens, len(request.tokens)) // self.block_size
-            keys = prefix_keys(request.tokens[:full * self.block_size], self.block_size)
+            keys = self.block_keys(request, full)
             for manager in self.managers:
                 manager.cache_blocks(request.id, keys)
 
@@ -285,6 +286,21 @@ class KVCacheCoordinator:
         """Give back every block ``request`` holds, in every group."""
         for manager in self.managers:
             manager.free(request.id)
+        self.keys.pop(request.id, None)
+
+    def block_keys(self, request: Request, count: int) -> list[str]:
+        """The prefix keys of ``request``'s first ``count`` full blocks. A request's tokens only
+        grow, so its keys are kept (as vLLM's request keeps its block hashes) and computed
+        again only when it has more full blocks than they cover, or its tokens are not the
+        ones they were computed from: once a block, not once a step, which made caching cost
+        the square of a request's length."""
+        tokens = request.tokens
+        known = self.keys.get(request.id)
+        if known is None or len(known[1]) < count or tokens[:len(known[0])] != known[0]:
+            covered = tokens[:len(tokens) // self.block_size * self.block_size]
+            known = (covered, prefix_keys(covered, self.block_size))
+            self.keys[request.id] = known
+        return known[1][:count]
 
     def block_table(self, request_id: int, group: int = 0) -> list[int]:
         return self.managers[group].tables[request_id]
