@@ -105,7 +105,7 @@ screenshots: setup
 
 # Benchmarks print figures; they are not tests.
 bench: setup
-	$(BIN)/python -m course.bench
+	$(BIN)/python -m course.experiments.bench
 
 # Chapter 7's kernel on a GPU (refuses on a CPU); writes kernels/results/<GPU>.json.
 bench-kernels: setup

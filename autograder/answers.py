@@ -77,8 +77,12 @@ def library_modules() -> list[str]:
     found = []
     for package in LIBRARY:
         folder = module_file(package).parent
-        found += [f"{package}.{path.stem}" for path in sorted(folder.glob("*.py"))
-                  if path.stem != "__init__"]
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":  # a subpackage's own code (course.notebook) counts
+                parts = parts[:-1]
+            if parts:
+                found.append(".".join((package, *parts)))
     return found
 
 

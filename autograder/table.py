@@ -65,21 +65,21 @@ def _all(module: str, *grade_ids: str) -> dict[str, str]:
 
 PARTS = {parts.slug: parts for parts in [
     Parts("01_kv_cache_sizing", _all(
-        "course.kv_sizing", "kv_bytes_per_token", "mla_kv_bytes_per_token",
+        "course.experiments.kv_sizing", "kv_bytes_per_token", "mla_kv_bytes_per_token",
         "kv_bytes_per_sequence", "num_gpu_blocks", "requests_fit_contiguous",
         "requests_fit_paged")),
     Parts("02_fragmentation_and_block_tables", _all(
-        "course.block_tables", "blocks_needed", "locate", "slot_id", "slot_mapping",
+        "course.v0.block_tables", "blocks_needed", "locate", "slot_id", "slot_mapping",
         "last_block_waste", "contiguous_utilisation", "paged_utilisation")),
     Parts("03_block_manager", _all(
-        "course.block_manager:BlockManager", "allocate", "fork", "copy_on_write", "free"),
-        skeleton="course.block_manager:BlockManager"),
-    Parts("04_prefix_caching", _all("course.prefix_cache", "block_key", "prefix_keys") | _all(
-        "course.prefix_cache:PrefixCachingBlockManager", "take_block", "allocate",
-        "append_slot", "free"), skeleton="course.prefix_cache:PrefixCachingBlockManager"),
+        "course.v0.block_manager:BlockManager", "allocate", "fork", "copy_on_write", "free"),
+        skeleton="course.v0.block_manager:BlockManager"),
+    Parts("04_prefix_caching", _all("course.v0.prefix_cache", "block_key", "prefix_keys") | _all(
+        "course.v0.prefix_cache:PrefixCachingBlockManager", "take_block", "allocate",
+        "append_slot", "free"), skeleton="course.v0.prefix_cache:PrefixCachingBlockManager"),
     Parts("05_scheduling_and_continuous_batching", _all(
-        "course.scheduler:Scheduler", "admit", "reserve_decode_slots", "preempt", "swap_in"),
-        skeleton="course.scheduler:Scheduler"),
+        "course.v0.scheduler:Scheduler", "admit", "reserve_decode_slots", "preempt", "swap_in"),
+        skeleton="course.v0.scheduler:Scheduler"),
     Parts("06_paged_kv_in_pytorch", _all(
         "kernels.paged_attention_ref", "write_kv", "paged_decode_attention", "merge_partials",
         "blockwise_decode_attention", "decode_step")),
@@ -89,19 +89,19 @@ PARTS = {parts.slug: parts for parts in [
                              "paged_attention") | _all(
         "kernels.split_kv", "split_kv_kernel", "merge_splits_kernel")),
     Parts("08_capstone_paged_serving", _all(
-        "course.paged_engine", "build_decode_batch", "paged_decode_step", "serve", "abort",
+        "course.v0.paged_engine", "build_decode_batch", "paged_decode_step", "serve", "abort",
         "decode_surviving_faults")),
-    Parts("09_chunked_prefill", _all("course.chunked_scheduler", "schedule_step") | _all(
+    Parts("09_chunked_prefill", _all("course.v1.chunked_scheduler", "schedule_step") | _all(
         "kernels.varlen_attention_ref", "varlen_paged_attention") | _all(
         "kernels.varlen_attention", "varlen_attention_kernel") | _all(
-        "course.chunked_engine", "engine_step")),
-    Parts("10_hybrid_models", _all("course.hybrid_sizing", "request_bytes") | _all(
-        "course.hybrid_cache", "free_skipped_blocks", "sliding_window_hit", "hybrid_hit") | _all(
+        "course.v1.chunked_engine", "engine_step")),
+    Parts("10_hybrid_models", _all("course.experiments.hybrid_sizing", "request_bytes") | _all(
+        "course.v1.hybrid_cache", "free_skipped_blocks", "sliding_window_hit", "hybrid_hit") | _all(
         "kernels.sliding_window_attention", "window_first_key")),
     Parts("11_kv_beyond_one_gpu", _all(
-        "course.offloading_connector:OffloadingConnectorScheduler", "get_num_new_matched_tokens",
-        "build_connector_meta") | _all("course.connector_engine", "admit_with_connector"),
-        skeleton="course.offloading_connector:OffloadingConnectorScheduler"),
+        "course.v1.offloading_connector:OffloadingConnectorScheduler", "get_num_new_matched_tokens",
+        "build_connector_meta") | _all("course.v1.connector_engine", "admit_with_connector"),
+        skeleton="course.v1.offloading_connector:OffloadingConnectorScheduler"),
 ]}
 
 

@@ -5,7 +5,7 @@ A sliding-window layer's query at position ``p`` sees only the keys of positions
 ``p - window + 1`` to ``p``. Chapter 9's kernel already loops over a query's blocks from the
 block of the first key it sees, ``FIRST_KEY(context, window)`` (``context = p + 1``), to the
 block of its own position, and masks every slot outside that run; a window changes only which
-key comes first. A hybrid cache (``course.hybrid_coordinator``) has put the null block in the
+key comes first. A hybrid cache (``course.v1.hybrid_coordinator``) has put the null block in the
 table entries before the first query's window, so a loop that starts at the window's first
 block never reads one::
 

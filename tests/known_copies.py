@@ -10,8 +10,8 @@ from __future__ import annotations
 # query per token, and its PyTorch attention gathers as chapter 6's does), so that revealing
 # either chapter shows the other's answer. An edition names each one it ships.
 SHARED = {
-    ("course.block_manager.BlockManager.free", "course/prefix_cache.py"),
-    ("course.prefix_cache.PrefixCachingBlockManager.free", "course/block_manager.py"),
+    ("course.v0.block_manager.BlockManager.free", "course/v0/prefix_cache.py"),
+    ("course.v0.prefix_cache.PrefixCachingBlockManager.free", "course/v0/block_manager.py"),
     ("kernels.paged_attention_ref.paged_decode_attention", "kernels/varlen_attention_ref.py"),
     ("kernels.paged_attention.paged_attention_kernel", "kernels/varlen_attention.py"),
     ("kernels.paged_attention_steps.gqa_kernel", "kernels/varlen_attention.py"),

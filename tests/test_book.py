@@ -83,9 +83,9 @@ def test_an_animations_still_is_the_frame_it_keeps_for_a_page():
 
 
 def test_chapter_10s_animation_keeps_a_frame_with_null_blocks_for_a_page():
-    from course.hybrid_animation import frame_html, window_animation, window_frames
-    from course.hybrid_coordinator import HybridKVCacheCoordinator
-    from course.kv_coordinator import NULL_BLOCK
+    from course.notebook.hybrid_animation import frame_html, window_animation, window_frames
+    from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
+    from course.v1.kv_coordinator import NULL_BLOCK
 
     frames = window_frames(HybridKVCacheCoordinator(12, 4, (None, 6)), prompt_len=9,
                            output_len=14)
@@ -117,7 +117,8 @@ def test_an_error_outside_the_test_cells_stops_the_build():
 def test_links_point_into_the_site():
     text = ("[one](exercises/01_kv_cache_sizing.ipynb) [two](exercises/02_x.ipynb) "
             "[zh](README.zh-CN.md) [manual](docs/instructors.md#untrusted-notebooks) "
-            "[code](course/kv_sizing.py) [web](https://example.org) [here](#the-chapters) "
+            "[code](course/experiments/kv_sizing.py) [web](https://example.org) "
+            "[here](#the-chapters) "
             "![picture](docs/images/a.png)")
     english = book.pointed(text, "README.md", "", book.ENGLISH, ["01_kv_cache_sizing"])
     assert '<a href="01_kv_cache_sizing.html">one</a>' in english

@@ -2,7 +2,7 @@
 
 Each test opens a notebook (a solution with its hidden tests cleared, as on release), runs all
 its cells as a learner would, and asserts on the state the widgets publish in their DOM
-(``data-*`` attributes, see course/block_animation.py) and on the charts plotly drew. No
+(``data-*`` attributes, see course/notebook/block_animation.py) and on the charts plotly drew. No
 request may leave the machine. On failure a screenshot is saved under ``build/browser/``;
 ``KV_SCREENSHOTS=DIR`` also writes the pictures the README shows (``make screenshots`` writes
 them to docs/images/).
@@ -30,8 +30,9 @@ from browser_lab import (
 from conftest import CHAPTERS, REPO
 from notebook_variants import without_hidden_tests
 
-from course import block_manager, block_scenarios
-from course.block_scenarios import Frame
+from course.notebook import block_scenarios
+from course.v0 import block_manager
+from course.v0.frames import Frame
 
 pytestmark = pytest.mark.browser
 

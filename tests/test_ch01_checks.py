@@ -9,7 +9,7 @@ from one_wrong_todo import FunctionTodos, unwritten
 
 from autograder.checks import ch01
 from autograder.hidden import ch01 as hidden01
-from course import kv_sizing as reference
+from course.experiments import kv_sizing as reference
 
 TODOS = FunctionTodos(reference, MUTANTS, ch01, hidden01, "01")
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from course.address_explorer import address_explorer
-from course.block_tables import locate, slot_id
+from course.notebook.address_explorer import address_explorer
+from course.v0.block_tables import locate, slot_id
 
 
 def _hooks(html: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from one_wrong_todo import FunctionTodos, unwritten
 
 from autograder.checks import ch02
 from autograder.hidden import ch02 as hidden02
-from course import block_tables as reference
+from course.v0 import block_tables as reference
 
 _WRONG = {m.__name__: m for found in MUTANTS.values() for m, _ in found}
 

@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from course.memory_sim import CATEGORIES, MAX, ORACLE, POW2, _Holes, paged, simulate
-from course.workloads import ALPACA, MIXES, SHAREGPT, Request, sample_requests
+from course.experiments.memory_sim import CATEGORIES, MAX, ORACLE, POW2, _Holes, paged, simulate
+from course.experiments.workloads import ALPACA, MIXES, SHAREGPT, Request, sample_requests
 
 POOL = 6000
 STRATEGIES = [MAX, POW2, ORACLE, paged(1), paged(7), paged(16), paged(256)]
@@ -102,8 +102,8 @@ def test_workloads_are_seeded():
 
 def test_the_chapter_2_figure_shows_paging_far_above_contiguous_reservation():
     """The notebook's own set-up: OPT-13B on a 40 GB A100, 400 ShareGPT-like requests."""
-    from course import kv_sizing
-    from course.models import MODELS
+    from course.experiments import kv_sizing
+    from course.experiments.models import MODELS
 
     opt = MODELS["OPT-13B"]
     blocks = kv_sizing.num_gpu_blocks(40 * 10**9, 0.9, opt.weight_bytes(2), 2**30,

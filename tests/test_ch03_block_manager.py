@@ -11,16 +11,22 @@ from alternatives.ch03 import ALTERNATIVES
 from mutants.ch03 import MUTANTS, ONLY_SLOWER, UNSEEN_BY_THE_PROBE, PrematureFree
 from one_wrong_todo import looked_up, reaches
 
-from course import bench
-from course.bench import NaiveFreeListManager, naive, paired_runs, trace_ops_per_second
-from course.block_animation import allocation_animation, animate
-from course.block_manager import BlockManager
-from course.block_scenarios import beam_search, interleaved_growth, probe, record, running_out
+from course.experiments import bench
+from course.experiments.bench import NaiveFreeListManager, naive, paired_runs, trace_ops_per_second
+from course.experiments.sharing import beam_search as beam_saving
+from course.experiments.sharing import parallel_sampling
+from course.experiments.workloads import ALPACA, sample_requests
 from course.language import tr
 from course.notebook import NotReady, learner_or_course_class, needs
-from course.sharing import beam_search as beam_saving
-from course.sharing import parallel_sampling
-from course.workloads import ALPACA, sample_requests
+from course.notebook.block_animation import allocation_animation, animate
+from course.notebook.block_scenarios import (
+    beam_search,
+    interleaved_growth,
+    probe,
+    record,
+    running_out,
+)
+from course.v0.block_manager import BlockManager
 
 
 def _hooks(html: str) -> dict[str, str]:
@@ -123,7 +129,7 @@ def test_the_benchmark_runs_both_free_pools():
 
 
 def test_the_benchmark_prints_the_median_ratio_of_paired_runs(monkeypatch, capsys):
-    """What it prints, not how fast: timings belong to ``python -m course.bench``."""
+    """What it prints, not how fast: timings belong to ``python -m course.experiments.bench``."""
     fast, slow, ratio = paired_runs(BlockManager, 200, pairs=3, operations=900)
     assert min(fast, slow, ratio) > 0
     monkeypatch.setattr(bench, "paired_runs", lambda manager_class, size: (3e5, 1.5e5, 2.0))

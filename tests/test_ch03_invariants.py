@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from course.block_manager import BlockManager, NoFreeBlocksError
-from course.block_scenarios import beam_search, interleaved_growth, running_out
-from course.prefix_cache import PrefixCachingBlockManager
-from course.prefix_sim import chat
+from course.experiments.prefix_sim import chat
+from course.notebook.block_scenarios import beam_search, interleaved_growth, running_out
+from course.v0.block_manager import BlockManager, NoFreeBlocksError
+from course.v0.prefix_cache import PrefixCachingBlockManager
 
 
 def _play(manager: BlockManager, script) -> None:

@@ -10,10 +10,10 @@ from alternatives.ch04 import ALTERNATIVES
 from mutants.ch04 import MUTANTS, UNSEEN_BY_THE_PROBE
 from one_wrong_todo import looked_up, reaches
 
-from course import prefix_sim
+from course.experiments import prefix_sim
 from course.notebook import NotReady, learner_or_course_class, needs
-from course.prefix_cache import PrefixCachingBlockManager, block_key, prefix_keys
-from course.prefix_tree import prefix_tree_player, record_tree
+from course.notebook.prefix_tree import prefix_tree_player, record_tree
+from course.v0.prefix_cache import PrefixCachingBlockManager, block_key, prefix_keys
 
 
 def test_three_requests_with_a_500_token_system_prompt():
@@ -140,7 +140,7 @@ def _answer_cells() -> dict[str, str]:
 def _namespace() -> dict:
     """A notebook's namespace before its first answer cell: what the cell above it imports."""
     notebook: dict = {}
-    exec("import hashlib\nimport json\nfrom course.prefix_cache import ROOT_KEY\n", notebook)
+    exec("import hashlib\nimport json\nfrom course.v0.prefix_cache import ROOT_KEY\n", notebook)
     return notebook
 
 

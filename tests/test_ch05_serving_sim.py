@@ -11,11 +11,11 @@ from mutants.ch05 import MUTANTS, UNSEEN_BY_THE_PROBE
 from one_wrong_todo import looked_up, reaches
 
 from autograder.hidden import ch05 as hidden
-from course import serving_experiments as experiments
+from course.experiments import serving_experiments as experiments
+from course.experiments.serving_sim import opt13b_a100_40gb, poisson_arrivals, simulate
+from course.experiments.workloads import SHAREGPT
 from course.notebook import NotReady, learner_or_course_class, needs
-from course.scheduler import Request, Scheduler, StaticBatchScheduler, SwapSpaceFullError
-from course.serving_sim import opt13b_a100_40gb, poisson_arrivals, simulate
-from course.workloads import SHAREGPT
+from course.v0.scheduler import Request, Scheduler, StaticBatchScheduler, SwapSpaceFullError
 
 
 class Recording(Scheduler):

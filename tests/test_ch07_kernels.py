@@ -29,7 +29,7 @@ from autograder.checks.ch07_wrapper import BAD_INPUTS
 from autograder.hidden import ch07 as hidden
 from autograder.hidden.ch07 import reference
 from autograder.table import PARTS
-from course.paged_cases import KernelCase, on_gpu
+from course.notebook.paged_cases import KernelCase, on_gpu
 from kernels import paged_attention as course_kernels
 from kernels.bench import bytes_moved, lengths_for
 from kernels.split_kv import run_on_grid, run_split_kv, splits_for

@@ -11,10 +11,10 @@ from one_wrong_todo import FunctionTodos
 from autograder.checks import ch08
 from autograder.hidden import ch08 as hidden08
 from autograder.table import parts_of
-from course import paged_engine as reference
-from course.capstone import equality_report, reservation_trace, workload
-from course.paged_engine import PagedEngine, make_request, serve
+from course.notebook.capstone import equality_report, reservation_trace, workload
 from course.tiny_model import TinyModel
+from course.v0 import paged_engine as reference
+from course.v0.paged_engine import PagedEngine, make_request, serve
 
 TODOS = FunctionTodos(reference, MUTANTS, ch08, hidden08, "08")
 

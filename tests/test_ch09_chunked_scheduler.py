@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 
 from autograder.checks.ch09 import begin_step, make_scheduler, simulate
 from autograder.hidden.ch09 import _scenarios, model_step
-from course.chunked_scheduler import ChunkedRequest, ChunkedScheduler, schedule_step
+from course.v1.chunked_scheduler import ChunkedRequest, ChunkedScheduler, schedule_step
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None,
@@ -102,8 +102,8 @@ def test_a_block_still_being_filled_is_not_a_hit():
 
 
 def test_the_budget_animation_shows_each_steps_chunks_and_unused_budget():
-    from course.budget_animation import budget_animation, frame_html
-    from course.chunked_engine import ChunkRecord
+    from course.notebook.budget_animation import budget_animation, frame_html
+    from course.v1.chunked_engine import ChunkRecord
 
     records = [ChunkRecord(0, [(0, 0, 3, "prefill")], [], 4),
                ChunkRecord(1, [(0, 3, 1, "decode"), (1, 0, 2, "prefill")], [2], 4)]

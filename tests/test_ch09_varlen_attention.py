@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from course.paged_cases import VarlenCase
+from course.notebook.paged_cases import VarlenCase
 from course.tiny_model import causal_attention
 from kernels.paged_attention import paged_attention
 from kernels.paged_attention_ref import paged_decode_attention

@@ -1,25 +1,18 @@
-"""A hybrid model's cache, sized and kept (``course.hybrid_models``, ``course.hybrid_sizing``,
-``course.hybrid_cache``): the published models against their sources' layer patterns, a
-request's bytes against its layers one by one, a window's blocks against the positions its
-next token sees, the page size and the fit table; a KV cache or a step that cannot be is
-refused (``course.hybrid_coordinator``; its rules are ``tests/test_kv_coordinator.py``'s). The
-TODOs' answers (the blocks skipped, the hits) are held to the chapter's hidden checks, whose
-oracles and mutants ``tests/test_checks.py`` and ``tests/test_grading.py`` run.
+"""A hybrid model's cache, sized and kept (``course.experiments.hybrid_models``,
+``course.experiments.hybrid_sizing``, ``course.v1.hybrid_cache``): the published models against
+their sources' layer patterns, a request's bytes against its layers one by one, a window's blocks
+against the positions its next token sees, the page size and the fit table; a KV cache or a step
+that cannot be is refused (``course.v1.hybrid_coordinator``; its rules are
+``tests/test_kv_coordinator.py``'s). The TODOs' answers (the blocks skipped, the hits) are held to
+the chapter's hidden checks, whose oracles and mutants ``tests/test_checks.py`` and
+``tests/test_grading.py`` run.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from course.chunked_scheduler import ChunkedRequest
-from course.hybrid_cache import (
-    NULL_BLOCK,
-    blocks_needed,
-    free_skipped_blocks,
-    skipped_tokens,
-)
-from course.hybrid_coordinator import HybridKVCacheCoordinator
-from course.hybrid_models import (
+from course.experiments.hybrid_models import (
     FULL,
     HYBRID_MODELS,
     SLIDING,
@@ -28,7 +21,7 @@ from course.hybrid_models import (
     LayerGroup,
     gated_delta_net_state_elements,
 )
-from course.hybrid_sizing import (
+from course.experiments.hybrid_sizing import (
     attention_block_size,
     fit_table,
     group_bytes_per_token,
@@ -37,7 +30,15 @@ from course.hybrid_sizing import (
     request_pages,
     requests_that_fit,
 )
-from course.hybrid_sizing import main as sizing_main
+from course.experiments.hybrid_sizing import main as sizing_main
+from course.v1.chunked_scheduler import ChunkedRequest
+from course.v1.hybrid_cache import (
+    NULL_BLOCK,
+    blocks_needed,
+    free_skipped_blocks,
+    skipped_tokens,
+)
+from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
 
 MODELS = list(HYBRID_MODELS.values())
 

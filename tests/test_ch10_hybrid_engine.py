@@ -1,5 +1,5 @@
-"""A tiny hybrid model served by chapter 9's engine (``course.chunked_engine.ChunkedEngine``)
-over chapter 10's KV cache (``course.hybrid_coordinator.HybridKVCacheCoordinator``): token for
+"""A tiny hybrid model served by chapter 9's engine (``course.v1.chunked_engine.ChunkedEngine``)
+over chapter 10's KV cache (``course.v1.hybrid_coordinator.HybridKVCacheCoordinator``): token for
 token equal to contiguous generation with each layer's window, its logits too, with blocks of
 1 and more, windows of 1 and more, and a pool small enough that requests are preempted and
 computed again; once through the Triton kernels. Every attention call is watched: no query
@@ -21,12 +21,12 @@ import torch
 from alternatives import ch10 as alternative
 from mutants.ch10 import _frees_partial_blocks
 
-from course.chunked_engine import ChunkedEngine, engine_requests, serve_chunked
-from course.chunked_scheduler import ChunkedRequest
-from course.hybrid_coordinator import HybridKVCacheCoordinator, learners_kv_cache
-from course.kv_coordinator import NULL_BLOCK, KVCacheCoordinator, full_attention_hit
-from course.prefix_cache import prefix_keys
 from course.tiny_model import TinyConfig, TinyModel, generate_contiguous
+from course.v0.prefix_cache import prefix_keys
+from course.v1.chunked_engine import ChunkedEngine, engine_requests, serve_chunked
+from course.v1.chunked_scheduler import ChunkedRequest
+from course.v1.hybrid_coordinator import HybridKVCacheCoordinator, learners_kv_cache
+from course.v1.kv_coordinator import NULL_BLOCK, KVCacheCoordinator, full_attention_hit
 from kernels.sliding_window_attention import window_attention, window_attention_reference
 from kernels.varlen_attention import varlen_attention
 from kernels.varlen_attention_ref import varlen_paged_attention

@@ -1,18 +1,18 @@
-"""What a sliding window costs prefix caching (``course.hybrid_sim``), on chapter 4's seeded
-workloads: with room to spare, the hybrid cache hits as the all-full one does while holding
-fewer blocks; under pressure the window's blocks, freed first, are evicted first and chat's
-hits shorten; a window longer than any request is full attention in every figure, in any
-pool; a KV cache of chapter 10's functions written another way (``learners_kv_cache``)
-measures the same; a pool smaller than one prompt is refused."""
+"""What a sliding window costs prefix caching (``course.experiments.hybrid_sim``), on chapter 4's
+seeded workloads: with room to spare, the hybrid cache hits as the all-full one does while holding
+fewer blocks; under pressure the window's blocks, freed first, are evicted first and chat's hits
+shorten; a window longer than any request is full attention in every figure, in any pool; a KV cache
+of chapter 10's functions written another way (``learners_kv_cache``) measures the same; a pool
+smaller than one prompt is refused."""
 
 from __future__ import annotations
 
 import pytest
 from alternatives import ch10 as alternative
 
-from course.hybrid_coordinator import learners_kv_cache
-from course.hybrid_sim import main, serve_hybrid
-from course.prefix_sim import chat, few_shot, multi_turn
+from course.experiments.hybrid_sim import main, serve_hybrid
+from course.experiments.prefix_sim import chat, few_shot, multi_turn
+from course.v1.hybrid_coordinator import learners_kv_cache
 
 WORKLOADS = {
     "chat": chat(24, system_prompt=120, mean_user=30, mean_output=30),

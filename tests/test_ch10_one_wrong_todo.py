@@ -2,7 +2,7 @@
 ``hybrid_hit``'s points, visible and hidden, since its checks lend the course's version of the
 TODO it builds on where the learner's fails; without the lending, the earlier TODO's bug
 reaches them. ``hybrid_hit`` is the one function TODO that calls another (``allocate_slots``,
-which called ``free_skipped_blocks``, is the library's now: ``course.kv_coordinator``)."""
+which called ``free_skipped_blocks``, is the library's now: ``course.v1.kv_coordinator``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from one_wrong_todo import FunctionTodos
 from autograder.checks import ch10 as visible
 from autograder.checks._lending import with_globals
 from autograder.hidden import ch10 as hidden
-from course import hybrid_cache, hybrid_sizing
+from course.experiments import hybrid_sizing
+from course.v1 import hybrid_cache
 
 FUNCTIONS = ("request_bytes", "free_skipped_blocks", "sliding_window_hit", "hybrid_hit")
 _reference = types.ModuleType("chapter_10_functions")

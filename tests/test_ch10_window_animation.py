@@ -1,5 +1,5 @@
 """The hybrid block tables' animation: its frames are what the KV cache it is given did
-(``course.hybrid_coordinator.HybridKVCacheCoordinator``, or one with a learner's functions:
+(``course.v1.hybrid_coordinator.HybridKVCacheCoordinator``, or one with a learner's functions:
 null blocks where a sliding window left tokens behind, every block accounted for), and its
 HTML carries the counts the browser tests read."""
 
@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from course.hybrid_animation import frame_html, window_animation, window_frames
-from course.hybrid_coordinator import HybridKVCacheCoordinator, learners_kv_cache
-from course.kv_coordinator import NULL_BLOCK
+from course.notebook.hybrid_animation import frame_html, window_animation, window_frames
+from course.v1.hybrid_coordinator import HybridKVCacheCoordinator, learners_kv_cache
+from course.v1.kv_coordinator import NULL_BLOCK
 
 WINDOWS = (None, 6)
 BLOCK_SIZE = 4

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from course.hybrid_cache import NULL_BLOCK, free_skipped_blocks
 from course.tiny_model import causal_attention
+from course.v1.hybrid_cache import NULL_BLOCK, free_skipped_blocks
 from kernels.sliding_window_attention import window_attention, window_attention_reference
 
 ATTENTIONS = (window_attention_reference, window_attention)

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from course.chunked_demo import latency_workload
-from course.disagg_sim import TimedLoads, latency_chart, one_or_two_engines, prefill_decode_pair
-from course.serving_sim import opt13b_a100_40gb
+from course.experiments.disagg_sim import (
+    TimedLoads,
+    latency_chart,
+    one_or_two_engines,
+    prefill_decode_pair,
+)
+from course.experiments.serving_sim import opt13b_a100_40gb
+from course.notebook.chunked_demo import latency_workload
 
 
 def test_a_timed_load_lands_once_the_clock_reaches_its_bytes():

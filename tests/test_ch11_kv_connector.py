@@ -10,19 +10,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from course import connector_demo as demo
-from course.chunked_engine import serve_chunked
-from course.connector_demo import conversations
-from course.connector_engine import ConnectorEngine, ConnectorScheduler
-from course.disaggregated import (
+from course.notebook import connector_demo as demo
+from course.notebook.connector_demo import conversations
+from course.tiny_model import TinyModel, generate_contiguous
+from course.v1.chunked_engine import serve_chunked
+from course.v1.connector_engine import ConnectorEngine, ConnectorScheduler
+from course.v1.disaggregated import (
     KVHandoff,
     PrefillConnectorScheduler,
     PrefillConnectorWorker,
     disaggregated_pair,
     serve_disaggregated,
 )
-from course.offloading_connector import offloading_connector
-from course.tiny_model import TinyModel, generate_contiguous
+from course.v1.offloading_connector import offloading_connector
 
 MODEL = TinyModel()
 

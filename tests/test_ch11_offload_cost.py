@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from course.models import MODELS
-from course.offload_cost import PCIE5_BYTES_PER_S, TransferCost, speedup_chart, speedup_series
+from course.experiments.models import MODELS
+from course.experiments.offload_cost import (
+    PCIE5_BYTES_PER_S,
+    TransferCost,
+    speedup_chart,
+    speedup_series,
+)
 
 OPT = TransferCost(MODELS["OPT-13B"], 25e9)
 

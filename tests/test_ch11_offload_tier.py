@@ -1,4 +1,4 @@
-"""The CPU tier behind the GPU prefix cache (``course.offload_tier``): its eviction policies
+"""The CPU tier behind the GPU prefix cache (``course.v1.offload_tier``): its eviction policies
 against second readings of their rules (LRU as a list; ARC as the paper's pseudocode, its cases
 I to IV and REPLACE, written out here), on drawn access traces; and the tier's own contracts:
 a load's blocks are never evicted, a store that finds no room changes nothing, ``lookup`` counts
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course.offload_tier import CPUTier
+from course.v1.offload_tier import CPUTier
 
 
 class PaperARC:

@@ -9,7 +9,7 @@ import pytest
 from mutants.ch11 import MUTANTS
 
 from autograder.hidden import ch11 as hidden
-from course.offloading_connector import OffloadingConnectorScheduler
+from course.v1.offloading_connector import OffloadingConnectorScheduler
 
 
 def _ids(todo: str) -> list:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from course.prefix_sim import multi_turn
-from course.tier_sim import serve_tiered
+from course.experiments.prefix_sim import multi_turn
+from course.experiments.tier_sim import serve_tiered
 
 
 @pytest.mark.parametrize("gpu_blocks", [40, 400], ids=["tight-gpu", "roomy-gpu"])

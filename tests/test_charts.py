@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from course.charts import kv_memory_chart
-from course.kv_sizing import kv_bytes_per_sequence
-from course.models import GPUS, MODELS
+from course.experiments.kv_sizing import kv_bytes_per_sequence
+from course.experiments.models import GPUS, MODELS
+from course.notebook.charts import kv_memory_chart
 
 
 def test_kv_chart_plots_each_models_cache_and_each_gpus_memory():
@@ -23,9 +23,15 @@ def test_kv_chart_plots_each_models_cache_and_each_gpus_memory():
 
 
 def test_memory_breakdown_stacks_every_category_and_marks_the_papers_share():
-    from course.charts import memory_breakdown_chart
-    from course.memory_sim import CATEGORIES, MAX, PAPER_TOKEN_STATE_SHARE, paged, simulate
-    from course.workloads import SHAREGPT, sample_requests
+    from course.experiments.memory_sim import (
+        CATEGORIES,
+        MAX,
+        PAPER_TOKEN_STATE_SHARE,
+        paged,
+        simulate,
+    )
+    from course.experiments.workloads import SHAREGPT, sample_requests
+    from course.notebook.charts import memory_breakdown_chart
 
     requests = sample_requests(SHAREGPT, 40, seed=1)
     shares = {s.name: simulate(requests, s, 8192).shares() for s in [MAX, paged(16)]}
@@ -40,8 +46,8 @@ def test_memory_breakdown_stacks_every_category_and_marks_the_papers_share():
 
 
 def test_sweep_chart_plots_share_and_table_length_for_each_mix():
-    from course.charts import block_size_sweep_chart
-    from course.memory_sim import SweepPoint
+    from course.experiments.memory_sim import SweepPoint
+    from course.notebook.charts import block_size_sweep_chart
 
     points = [SweepPoint(1, 0.99, 100.0), SweepPoint(16, 0.9, 7.0)]
     figure = block_size_sweep_chart({"a": points, "b": points})

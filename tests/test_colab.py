@@ -94,7 +94,7 @@ def test_setting_the_url_rewrites_pyproject_setup_cells_and_links(tmp_path, monk
 def test_widgets_and_charts_need_no_front_end_extension():
     """Colab and VS Code render core ipywidgets and plotly's figures, not custom widgets: the
     course defines no widget with its own front end and never uses FigureWidget."""
-    sources = {p: p.read_text() for p in (REPO / "course").glob("*.py")}
+    sources = {p: p.read_text() for p in (REPO / "course").rglob("*.py")}
     sources |= {p: p.read_text() for p in NOTEBOOKS}
     custom = {str(p.relative_to(REPO)) for p, text in sources.items()
               if re.search(r"\b(anywidget|_esm|_view_module|DOMWidget|FigureWidget)\b", text)}

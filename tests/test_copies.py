@@ -21,7 +21,7 @@ from autograder.builder.copies import (
     split_regions,
 )
 
-ANSWER = ("course.block_manager", "BlockManager.allocate")
+ANSWER = ("course.v0.block_manager", "BlockManager.allocate")
 
 
 def _region(module: str, qualname: str) -> str:

@@ -150,7 +150,7 @@ def test_an_edition_names_every_unrevealed_answer_it_ships(bare, published, tmp_
     assert any(copy.place.startswith("dist/") for copy in third.leaks)
     shipped = {(copy.answer, copy.place.rpartition(".whl:")[2]) for copy in third.leaks}
     assert shipped == {(copy.answer, copy.place) for copy in revealed_too({3})} == {
-        ("course.prefix_cache.PrefixCachingBlockManager.free", "course/block_manager.py")}
+        ("course.v0.prefix_cache.PrefixCachingBlockManager.free", "course/v0/block_manager.py")}
 
 
 def _publish(version: str) -> int:

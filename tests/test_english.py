@@ -32,7 +32,7 @@ def test_english_prose_is_found(text):
     "BlockManager.allocate(seq_id, num_tokens) -> [0, 1, 2]",
     "3.12 GiB, 800.0 KiB, 25,650 blocks = 410,400 tokens",
     "`a block was lost` and `parallel sampling and beam search`",
-    "course.block_manager check_invariants free_blocks num_gpu_blocks",
+    "course.v0.block_manager check_invariants free_blocks num_gpu_blocks",
     "%{x} tokens: %{y:.2f} GB<extra>Llama-3-8B</extra>",
     "{seq_id}: {len(table)} != {needed} ({block_size})",
     "Llama-3-8B Mistral-7B Qwen2.5-7B OPT-13B DeepSeek-V2",

@@ -16,7 +16,7 @@ from notebook_variants import fill, from_module
 from autograder.host import forkserver
 from autograder.host.reaper import descendants
 from autograder.host.sandbox import Limits, run
-from course import kv_sizing
+from course.experiments import kv_sizing
 
 CHAPTER = "01_kv_cache_sizing"
 NBGRADER = [sys.executable, *forkserver.NBGRADER]

@@ -93,11 +93,12 @@ def _module(root: Path, name: str, code: str = "") -> Path:
 def test_the_import_closure_follows_every_kind_of_import_and_only_the_courses(tmp_path):
     checks = _module(tmp_path, "autograder.checks.ch99", (
         "import json\nfrom autograder.checks import ch98_audit\nfrom . import _shared\n"
-        "def check():\n    from course.models import MODELS\n    import kernels.tiny\n"))
+        "def check():\n    from course.experiments.models import MODELS\n"
+        "    import kernels.tiny\n"))
     audit = _module(tmp_path, "autograder.checks.ch98_audit", "from ._memory import x\n")
     memory = _module(tmp_path, "autograder.checks._memory")
     shared = _module(tmp_path, "autograder.checks._shared")
-    models = _module(tmp_path, "course.models")
+    models = _module(tmp_path, "course.experiments.models")
     tiny = _module(tmp_path, "kernels.tiny")
     unused = _module(tmp_path, "autograder.checks.ch97")
     closure = import_closure(["autograder.checks.ch99"], tmp_path)

@@ -31,7 +31,7 @@ from notebook_variants import (
 
 from autograder.host.chapters import EXERCISES
 from autograder.table import PARTS
-from course import kv_sizing
+from course.experiments import kv_sizing
 
 pytestmark = pytest.mark.pipeline
 

@@ -1,6 +1,6 @@
-"""The KV cache of chapters 9 to 11 (``course.kv_coordinator``, ``course.hybrid_coordinator``):
-the rules that were chapter 10's graded ``allocate_slots`` are the library's now, and this file
-holds it to them.
+"""The KV cache of chapters 9 to 11 (``course.v1.kv_coordinator``,
+``course.v1.hybrid_coordinator``): the rules that were chapter 10's graded ``allocate_slots`` are
+the library's now, and this file holds it to them.
 
 * Scenarios built to reach each rule: the frees come before the counting (a step that fits
   only with the blocks its window frees succeeds), and stand when the step is refused; a step
@@ -38,16 +38,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from course.chunked_scheduler import ChunkedRequest
-from course.hybrid_cache import skipped_tokens
-from course.hybrid_coordinator import HybridKVCacheCoordinator, learners_kv_cache
-from course.kv_coordinator import (
+from course.v0.prefix_cache import prefix_keys
+from course.v1.chunked_scheduler import ChunkedRequest
+from course.v1.hybrid_cache import skipped_tokens
+from course.v1.hybrid_coordinator import HybridKVCacheCoordinator, learners_kv_cache
+from course.v1.kv_coordinator import (
     NULL_BLOCK,
     BlockPool,
     FullAttentionManager,
     KVCacheCoordinator,
 )
-from course.prefix_cache import prefix_keys
 
 # --- the pool's books, and a second reading of the rules ----------------------------------
 

@@ -52,6 +52,25 @@ def test_a_lower_layer_imports_nothing_above_it(package):
     assert {k: v for k, v in crossing.items() if v} == {}
 
 
+# The library's folders: the engines stand on the course's top level (language, runtime, the
+# tiny model) and the V1 engine on the V0 one's pool and block hash; the experiments and the
+# notebooks' helpers may use either engine, never the other way round.
+ENGINES = {"course/v0": {"course.v1", "course.experiments", "course.notebook"},
+           "course/v1": {"course.experiments", "course.notebook"}}
+
+
+@pytest.mark.parametrize("folder", ENGINES)
+def test_an_engine_imports_no_experiment_no_notebook_helper_and_no_later_engine(folder):
+    crossing = {str(path.relative_to(REPO)): sorted(_imported(path, depth=2) & ENGINES[folder])
+                for path in sorted((REPO / folder).glob("*.py"))}
+    assert {k: v for k, v in crossing.items() if v} == {}
+
+
+def test_the_library_s_folders_are_the_engines_the_experiments_and_the_helpers():
+    packages = {str(p.parent.relative_to(REPO)) for p in (REPO / "course").rglob("__init__.py")}
+    assert packages == {"course", *ENGINES, "course/experiments", "course/notebook"}
+
+
 def _modules_of(folder: str) -> list:
     paths = sorted((REPO / folder).glob("*.py"))
     return [p for p in paths if p.name != "__main__.py"]  # the command line's door

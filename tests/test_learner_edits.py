@@ -97,8 +97,8 @@ def test_an_earlier_releases_notebook_with_its_demonstrations_edited_keeps_full_
     chapter = CHAPTERS[5]
     notebook = _edited(chapter, "en")
     (cell,) = [c for c in notebook.cells if c.get("id") == "c25"]
-    assert "from course.paged_cases import PagedCase" in cell.source
-    cell.source = cell.source.replace("from course.paged_cases import PagedCase",
+    assert "from course.notebook.paged_cases import PagedCase" in cell.source
+    cell.source = cell.source.replace("from course.notebook.paged_cases import PagedCase",
                                       "from autograder.checks.ch06 import PagedCase")
     path = tmp_path / f"{chapter.name}.ipynb"
     nbformat.write(notebook, path)

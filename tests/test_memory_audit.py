@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from autograder.checks._memory_audit import MemoryAudit
-from course.paged_cases import on_gpu
+from course.notebook.paged_cases import on_gpu
 
 pytestmark = pytest.mark.skipif(on_gpu(), reason="the audit records the CPU interpreter only")
 

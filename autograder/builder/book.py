@@ -167,7 +167,7 @@ def _joined_streams(outputs: list) -> list:
 
 def _still(model_id: str, states: dict) -> str:
     """A widget's still: the frame it keeps for a page that cannot play it (an HTML view of
-    class ``kv-cover``, ``course.player``), else its first view, as the HTML its views held
+    class ``kv-cover``, ``course.notebook.player``), else its first view, as the HTML its views held
     when the notebook ran (the course's animations draw each frame as an HTML widget's value;
     sliders and buttons show nothing)."""
     covers = list(_views(model_id, states, cover=True))

@@ -4,8 +4,8 @@ The library (``course/``, ``kernels/``) is the source: an answer is the body of 
 method between nbgrader's own markers, ``### BEGIN SOLUTION`` and ``### END SOLUTION``. The
 chapter table (``autograder.table``) says where each solution cell's code is written:
 
-    "course.kv_sizing"                      the cell's functions are that module's
-    "course.block_manager:BlockManager"     the cell's functions are that class's methods
+    "course.experiments.kv_sizing"                      the cell's functions are that module's
+    "course.v0.block_manager:BlockManager"     the cell's functions are that class's methods
 
 and which class a locked ``skeleton`` cell gives (the library class, less every method that
 holds an answer). Rendering replaces each such definition in the cell with the library's text
@@ -37,7 +37,7 @@ from autograder.table import PARTS
 class Answer:
     """One library definition that holds an answer, and the notebook cell it renders into."""
 
-    module: str  # "course.block_manager"
+    module: str  # "course.v0.block_manager"
     qualname: str  # "BlockManager.allocate" or "kv_bytes_per_token"
     grade_id: str  # the solution cell's grade id
 

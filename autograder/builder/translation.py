@@ -374,7 +374,7 @@ def domains() -> dict[Path, list[Text]]:
     found[locale_folder(grader, language) / "grader.po"] = grader_texts()
     library = REPO / "course"
     found[locale_folder(library, language) / "course.po"] = [
-        t for module in sorted(library.glob("*.py"))
+        t for module in sorted(library.rglob("*.py"))
         for t in module_texts(module, marked_only=True, labels=True)]
     return found
 

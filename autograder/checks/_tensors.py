@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from course.paged_cases import dtype_name
+from course.notebook.paged_cases import dtype_name
 
 
 def _what(out: object) -> str:

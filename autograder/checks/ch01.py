@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from autograder.checks._contract import INT, Earlier, expect_cases
 from autograder.private import private, visible
-from course.models import MODELS, ModelConfig
+from course.experiments.models import MODELS, ModelConfig
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 

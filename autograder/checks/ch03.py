@@ -22,12 +22,12 @@ from collections.abc import Callable
 
 from autograder.checks._harness import Harness, blame_where_due, unwritten
 from autograder.private import visible
-from course.block_manager import CopyOnWrite, NoFreeBlocksError
+from course.v0.block_manager import CopyOnWrite, NoFreeBlocksError
 
 SUBJECT = "BlockManager"  # these checks take the learner's class, not a function
 
 _RUN_OUT = ("An operation that runs out of blocks raises NoFreeBlocksError (from "
-            "course.block_manager) and changes nothing.")
+            "course.v0.block_manager) and changes nothing.")
 _COW = ("Copy-on-write: a sequence about to write into a partly filled last block that other "
         "sequences also hold must first take a fresh block and copy the shared block's "
         "filled slots into it (Slot.copy says which); full shared blocks stay shared.")
@@ -401,7 +401,7 @@ _PROBES: dict[str, Callable] = {"allocate": _allocate_cases, "append_slot": _app
 def _with_blame(cases: Callable, cls: type, *earlier: str) -> None:
     """The check's cases, blaming an earlier TODO only where lending the course's version of
     it makes them pass (``_harness.blame_where_due``)."""
-    from course.block_manager import BlockManager
+    from course.v0.block_manager import BlockManager
 
     blame_where_due(cases, cls, _PROBES, BlockManager, *earlier,
                     methods={"copy_on_write": "append_slot"})

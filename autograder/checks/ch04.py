@@ -20,8 +20,8 @@ from collections.abc import Callable
 from autograder.checks._harness import Harness, blame_where_due, unwritten
 from autograder.checks._helpers import not_written
 from autograder.private import private, visible
-from course.block_manager import NoFreeBlocksError
-from course.prefix_cache import ROOT_KEY
+from course.v0.block_manager import NoFreeBlocksError
+from course.v0.prefix_cache import ROOT_KEY
 
 SUBJECT = "PrefixCachingBlockManager"  # the manager checks take the learner's class
 SUBJECT_CHECKS = {"take_block", "allocate", "append_slot", "free"}
@@ -539,7 +539,7 @@ def _with_blame(cases: Callable, cls: type) -> None:
     """The check's cases, with the note that ``_take_block`` (which the manager's other methods
     take their blocks through) is at fault only where lending the course's ``_take_block``
     makes them pass (``_harness.blame_where_due``)."""
-    from course.prefix_cache import PrefixCachingBlockManager
+    from course.v0.prefix_cache import PrefixCachingBlockManager
 
     blame_where_due(cases, cls, {"_take_block": _take_block_cases}, PrefixCachingBlockManager,
                     "_take_block")

@@ -26,7 +26,7 @@ from typing import Any
 from autograder.checks._harness import Harness, blame_where_due
 from autograder.checks._helpers import not_written
 from autograder.private import private, visible
-from course.scheduler import Request, StepPlan, SwapSpaceFullError
+from course.v0.scheduler import Request, StepPlan, SwapSpaceFullError
 
 SUBJECT = "Scheduler"
 
@@ -419,7 +419,7 @@ _CASES = {"admit": _admit_cases, "reserve_decode_slots": _reserve_cases,
 def _with_blame(cases: Callable, cls: type, *earlier: str) -> None:
     """The check's cases, blaming an earlier TODO only where lending the course's version of
     it makes them pass (``_harness.blame_where_due``)."""
-    from course.scheduler import Scheduler
+    from course.v0.scheduler import Scheduler
 
     blame_where_due(cases, cls, _CASES, Scheduler, *earlier)
 

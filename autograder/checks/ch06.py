@@ -1,6 +1,6 @@
 """Visible checks for chapter 6, paged KV in PyTorch: each TODO's readable case.
 
-Every case is a ``course.paged_cases.PagedCase``: a pool filled with NaN garbage, physical
+Every case is a ``course.notebook.paged_cases.PagedCase``: a pool filled with NaN garbage, physical
 blocks shuffled, K/V placed slot by slot. Expected outputs, and what known mistakes give,
 come from the chapter's hidden module (``autograder.private``), asked by the case's
 description (its shapes and seed), never with anything the code under test produced; the
@@ -18,7 +18,7 @@ import torch
 from autograder.checks._helpers import learner_call
 from autograder.checks._tensors import expect_attention_output
 from autograder.private import private, visible
-from course.paged_cases import PagedCase
+from course.notebook.paged_cases import PagedCase
 
 # (atol, rtol). An fp16 output must be the exact answer rounded to fp16 (what fp32
 # arithmetic gives): within 2^-10 of it, relatively; fp16 arithmetic misses by more.

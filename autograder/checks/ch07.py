@@ -34,8 +34,8 @@ from autograder.checks.ch07_audit import decode_audit, merge_audit, quiet, split
 from autograder.checks.ch07_cases import asked, compare, device_case, tolerance
 from autograder.checks.ch07_wrapper import check_paged_attention
 from autograder.private import private, visible
-from course.paged_cases import KERNEL_SEED as SEED
-from course.paged_cases import KernelCase, kernel_device
+from course.notebook.paged_cases import KERNEL_SEED as SEED
+from course.notebook.paged_cases import KernelCase, kernel_device
 from kernels.paged_attention import launch
 from kernels.split_kv import run_merge_kernel, run_split_kernel
 

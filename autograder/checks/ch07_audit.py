@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from autograder.checks._memory_audit import MemoryAudit, nearest
-from course.paged_cases import KernelCase, PagedCase
+from course.notebook.paged_cases import KernelCase, PagedCase
 
 
 @contextlib.contextmanager

@@ -23,8 +23,8 @@ import torch
 
 from autograder.checks._tensors import expect_attention_output
 from autograder.private import private
-from course.paged_cases import KERNEL_SEED as SEED
-from course.paged_cases import KernelCase, dtype_name, on_gpu
+from course.notebook.paged_cases import KERNEL_SEED as SEED
+from course.notebook.paged_cases import KernelCase, dtype_name, on_gpu
 
 GPU_BLOCK = 16
 """The block size every case takes on a GPU: tl.dot's K >= 16 for 16-bit inputs there."""

@@ -13,7 +13,7 @@ from autograder.checks._memory_audit import MemoryAudit
 from autograder.checks.ch07_audit import quiet
 from autograder.checks.ch07_cases import asked, close, compare, device_case
 from autograder.private import visible
-from course.paged_cases import KernelCase, on_gpu
+from course.notebook.paged_cases import KernelCase, on_gpu
 
 
 def _padded_like(tensor: torch.Tensor, gap: int, dim: int) -> torch.Tensor:

@@ -27,8 +27,9 @@ import torch
 from autograder.checks._helpers import learner_call
 from autograder.private import private, visible
 from autograder.seal import opened
-from course.block_manager import BlockManager
-from course.paged_engine import (
+from course.tiny_model import TinyModel
+from course.v0.block_manager import BlockManager
+from course.v0.paged_engine import (
     GenRequest,
     KVPool,
     PagedEngine,
@@ -36,7 +37,6 @@ from course.paged_engine import (
     paged_prefill,
     prefill_slots,
 )
-from course.tiny_model import TinyModel
 from kernels.paged_attention_ref import paged_decode_attention
 
 SEED = 2029

@@ -21,11 +21,11 @@ from autograder.checks._tensors import expect_attention_output
 from autograder.checks.ch07_audit import quiet, store_finding
 from autograder.private import private, visible
 from autograder.seal import opened
-from course.chunked_engine import ChunkedEngine, engine_requests, serve_chunked
-from course.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Schedule
-from course.paged_cases import VARLEN_SEED as SEED
-from course.paged_cases import VarlenCase, on_gpu
+from course.notebook.paged_cases import VARLEN_SEED as SEED
+from course.notebook.paged_cases import VarlenCase, on_gpu
 from course.tiny_model import TinyModel
+from course.v1.chunked_engine import ChunkedEngine, engine_requests, serve_chunked
+from course.v1.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Schedule
 from kernels.varlen_attention import all_keys, keys_from, launch_varlen
 
 # --- schedule_step ---------------------------------------------------------------------------

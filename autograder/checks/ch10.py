@@ -5,7 +5,7 @@ come from the chapter's hidden module (``autograder.private``), where the thorou
 Each function TODO is held to its whole contract case by case (``_contract.expect``); the
 window's first key runs inside chapter 9's kernel, its output compared query token by query
 token. (How the KV cache uses the functions, the coordinator's ``allocate_slots`` among it,
-is the library's: ``course.hybrid_coordinator``.)
+is the library's: ``course.v1.hybrid_coordinator``.)
 """
 
 from __future__ import annotations
@@ -23,9 +23,16 @@ from autograder.checks._tensors import expect_attention_output
 from autograder.checks.ch07_audit import quiet
 from autograder.checks.ch09 import kernel_audit
 from autograder.private import private, visible
-from course import hybrid_cache
-from course.hybrid_models import FULL, HYBRID_MODELS, SLIDING, STATE, HybridModel, LayerGroup
-from course.paged_cases import WindowCase, on_gpu
+from course.experiments.hybrid_models import (
+    FULL,
+    HYBRID_MODELS,
+    SLIDING,
+    STATE,
+    HybridModel,
+    LayerGroup,
+)
+from course.notebook.paged_cases import WindowCase, on_gpu
+from course.v1 import hybrid_cache
 from kernels.varlen_attention import launch_varlen, varlen_attention_kernel
 
 BYTES_IDEA = ("A request holds, in each group: every token under full attention, at most the "

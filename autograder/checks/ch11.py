@@ -19,16 +19,16 @@ from typing import Any
 from autograder.checks._contract import TUPLE_OF_INTS, Promise, expect_cases
 from autograder.checks._helpers import describe_call, not_written
 from autograder.private import private, visible
-from course import connector_demo
-from course.chunked_scheduler import Chunk, ChunkedRequest, Schedule
-from course.connector_engine import ConnectorScheduler, connector_round, connector_schedule_step
-from course.disagg_sim import DryDecodeWorker
-from course.disaggregated import DecodeConnectorScheduler, HandoffRequest, KVHandoff
-from course.kv_connector import KVConnectorOutput
-from course.offload_tier import CPUTier
-from course.offloading_connector import OffloadingConnectorScheduler
-from course.prefix_cache import prefix_keys
-from course.tier_sim import DryRunWorker
+from course.experiments.disagg_sim import DryDecodeWorker
+from course.experiments.tier_sim import DryRunWorker
+from course.notebook import connector_demo
+from course.v0.prefix_cache import prefix_keys
+from course.v1.chunked_scheduler import Chunk, ChunkedRequest, Schedule
+from course.v1.connector_engine import ConnectorScheduler, connector_round, connector_schedule_step
+from course.v1.disaggregated import DecodeConnectorScheduler, HandoffRequest, KVHandoff
+from course.v1.kv_connector import KVConnectorOutput
+from course.v1.offload_tier import CPUTier
+from course.v1.offloading_connector import OffloadingConnectorScheduler
 
 MATCH_IDEA = ("The tier is asked about the blocks after the GPU's hit (from block "
               "num_computed_tokens // block_size) up to, not including, the block that holds the "
@@ -554,7 +554,7 @@ def _without_metadata(observed: dict) -> dict:
 
 
 def turns(count: int, seed: int, conversations: int) -> list[tuple]:
-    """``count`` turns of ``conversations`` conversations (``course.connector_demo``), each
+    """``count`` turns of ``conversations`` conversations (``course.notebook.connector_demo``), each
     as (id, prompt, output tokens, arrival step)."""
     return [(r.id, r.prompt, r.output_len, r.arrival)
             for r in connector_demo.conversations(count, seed, conversations)]

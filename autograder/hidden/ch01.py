@@ -33,8 +33,8 @@ from autograder.checks.ch01 import (
     per_token_todo,
 )
 from autograder.private import thorough
-from course import kv_sizing
-from course.models import MODELS, ModelConfig
+from course.experiments import kv_sizing
+from course.experiments.models import MODELS, ModelConfig
 
 SEED = 2023  # random cases are seeded: grading a notebook twice gives the same score
 

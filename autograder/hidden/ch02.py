@@ -33,7 +33,7 @@ from autograder.checks.ch02 import (
     slot_id_todos,
 )
 from autograder.private import thorough
-from course import block_tables
+from course.v0 import block_tables
 
 block_sizes = st.one_of(st.sampled_from([1, 2, 3, 4, 5, 7, 16, 32, 100, 128]),
                         st.integers(1, 300))

@@ -41,7 +41,7 @@ def _one_bug_one_todo(check: Callable[[type], None], cls: type, others: tuple[st
     """``lending.one_bug_one_todo`` with the course's BlockManager: a test of one method
     runs its scenarios with the course's versions of the methods they also call where the
     learner's class fails them, so that a wrong ``allocate`` costs ``allocate`` alone."""
-    from course.block_manager import BlockManager as Course
+    from course.v0.block_manager import BlockManager as Course
 
     one_bug_one_todo(check, cls, Course, _TODOS, others)
 

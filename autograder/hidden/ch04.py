@@ -42,7 +42,7 @@ from autograder.checks.ch04 import (
     check_free,
 )
 from autograder.private import thorough
-from course.block_manager import NoFreeBlocksError
+from course.v0.block_manager import NoFreeBlocksError
 
 # --- block_key and prefix_keys -------------------------------------------------------------
 
@@ -84,7 +84,7 @@ def check_prefix_keys_thoroughly(fn: Callable) -> None:
     """Random token lists and block sizes, lengths on block boundaries, repeated blocks;
     where the learner's prefix_keys fails them, again with the course's block_key lent to it,
     so that a wrong block_key costs block_key alone."""
-    from course.prefix_cache import block_key
+    from course.v0.prefix_cache import block_key
 
     cases = st.tuples(st.lists(st.integers(0, 3), max_size=40), st.integers(1, 9),
                       st.sampled_from([(), ("lora-3",)]))
@@ -301,7 +301,7 @@ def _one_bug_one_todo(check: Callable[[type], None], cls: type, others: tuple[st
     where the course's ``allocate`` is lent, so is the course's keying of full blocks
     (``_cache_full_blocks``), or a learner's other canonical encoding would never be found by
     the course's lookups."""
-    from course.prefix_cache import PrefixCachingBlockManager as Course
+    from course.v0.prefix_cache import PrefixCachingBlockManager as Course
 
     one_bug_one_todo(check, cls, Course, _TODOS, others,
                      companions={"allocate": ("_cache_full_blocks",)})
@@ -312,7 +312,7 @@ def _keyed_by_the_course(cls: type) -> type:
     ``block_key`` and ``prefix_keys`` where it calls them by name (the notebook's answers to
     TODOs 1 and 2), and full blocks are keyed by the course's ``_cache_full_blocks``. A helper
     of the learner's own that calls them keeps the learner's."""
-    from course import prefix_cache as course
+    from course.v0 import prefix_cache as course
 
     lent = {"_cache_full_blocks": course_version(
         inspect.getattr_static(course.PrefixCachingBlockManager, "_cache_full_blocks"))}

@@ -44,7 +44,7 @@ from autograder.checks.ch05 import (
     check_swap_in,
 )
 from autograder.private import thorough
-from course.scheduler import Request
+from course.v0.scheduler import Request
 
 _NEVER = ("A request whose full length needs more blocks than the pool holds above the "
           "watermark can never run: it is rejected as soon as it reaches the head of the queue, "
@@ -402,7 +402,7 @@ def _one_bug_one_todo(check: Callable[[type], None], cls: type, others: tuple[st
     fails it, and an admission mistake costs admission alone. Preemption's test lends
     ``reserve_decode_slots`` only where it fails its own test: choosing the victim is
     written there, and is what preemption's test judges."""
-    from course.scheduler import Scheduler as Course
+    from course.v0.scheduler import Scheduler as Course
 
     one_bug_one_todo(check, cls, Course, _TODOS, others)
 

@@ -42,7 +42,7 @@ from autograder.checks.ch07_wrapper import (
 )
 from autograder.hidden.ch07_gpu import check_production_shapes
 from autograder.private import thorough
-from course.paged_cases import KernelCase, PagedCase, dtype_name, on_gpu
+from course.notebook.paged_cases import KernelCase, PagedCase, dtype_name, on_gpu
 from kernels import paged_attention as course_kernels
 from kernels.paged_attention import launch
 from kernels.paged_attention_ref import paged_decode_attention as chapter6_attention

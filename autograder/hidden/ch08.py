@@ -48,9 +48,10 @@ from autograder.checks.ch08 import (
     wanted_keys,
 )
 from autograder.private import thorough
-from course import paged_engine
-from course.block_manager import BlockManager
-from course.paged_engine import (
+from course.tiny_model import TinyModel, generate_contiguous
+from course.v0 import paged_engine
+from course.v0.block_manager import BlockManager
+from course.v0.paged_engine import (
     DecodeBatch,
     GenRequest,
     PagedEngine,
@@ -60,7 +61,6 @@ from course.paged_engine import (
     prefill_slots,
     serve,
 )
-from course.tiny_model import TinyModel, generate_contiguous
 
 # --- build_decode_batch ----------------------------------------------------------------------
 
@@ -154,7 +154,7 @@ def decode_case(prompts: list[list[int]], steps: int, block_size: int, device: s
 def _shifted(model: TinyModel, prompts, slots, manager, tokens, batches) -> list:
     """Each step's logits when every position given to RoPE is one too far (seq_len), in a
     pool of its own: what that mistake computes, step after step."""
-    from course.paged_engine import KVPool, paged_prefill
+    from course.v0.paged_engine import KVPool, paged_prefill
 
     pool = KVPool.empty(model, manager.num_blocks, manager.block_size)
     device = model.embedding.device

@@ -35,14 +35,14 @@ from autograder.checks.ch09 import (
     simulate,
 )
 from autograder.private import thorough
-from course.chunked_scheduler import (
+from course.notebook.paged_cases import VarlenCase, on_gpu
+from course.v1.chunked_scheduler import (
     Chunk,
     ChunkedRequest,
     ChunkedScheduler,
     Schedule,
     schedule_step,
 )
-from course.paged_cases import VarlenCase, on_gpu
 from kernels.varlen_attention_ref import varlen_paged_attention
 
 # --- schedule_step ---------------------------------------------------------------------------

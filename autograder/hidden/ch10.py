@@ -32,9 +32,9 @@ from autograder.checks.ch10 import (
     window_case,
 )
 from autograder.private import thorough
-from course import hybrid_cache
-from course.hybrid_models import FULL, SLIDING, STATE, HybridModel, LayerGroup
-from course.paged_cases import WindowCase, on_gpu
+from course.experiments.hybrid_models import FULL, SLIDING, STATE, HybridModel, LayerGroup
+from course.notebook.paged_cases import WindowCase, on_gpu
+from course.v1 import hybrid_cache
 
 SEED = 2026  # random cases are seeded: grading a notebook twice gives the same score
 

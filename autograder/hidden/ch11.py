@@ -33,13 +33,13 @@ from autograder.checks.ch11 import (
     scheduler_half,
 )
 from autograder.private import thorough
-from course import connector_demo
-from course.chunked_scheduler import Chunk
-from course.connector_engine import admit_with_connector
-from course.kv_connector import KVConnectorMetadata
-from course.offloading_connector import BlockCopy, OffloadingConnectorScheduler
-from course.prefix_cache import prefix_keys
+from course.notebook import connector_demo
 from course.tiny_model import TinyModel
+from course.v0.prefix_cache import prefix_keys
+from course.v1.chunked_scheduler import Chunk
+from course.v1.connector_engine import admit_with_connector
+from course.v1.kv_connector import KVConnectorMetadata
+from course.v1.offloading_connector import BlockCopy, OffloadingConnectorScheduler
 
 _TODOS = ("get_num_new_matched_tokens", "build_connector_meta")
 

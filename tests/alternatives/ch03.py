@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from course.block_manager import CopyOnWrite, NoFreeBlocksError, Slot
+from course.v0.block_manager import CopyOnWrite, NoFreeBlocksError, Slot
 
 
 class BlockManager:

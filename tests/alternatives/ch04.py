@@ -8,8 +8,8 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from course.block_manager import NoFreeBlocksError
-from course.prefix_cache import ROOT_KEY
+from course.v0.block_manager import NoFreeBlocksError
+from course.v0.prefix_cache import ROOT_KEY
 
 
 def block_key(parent_key, tokens, extra_keys=()):

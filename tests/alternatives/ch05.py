@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from course.block_manager import BlockManager, NoFreeBlocksError
-from course.scheduler import StepPlan, SwapSpaceFullError
+from course.v0.block_manager import BlockManager, NoFreeBlocksError
+from course.v0.scheduler import StepPlan, SwapSpaceFullError
 
 
 class Scheduler:

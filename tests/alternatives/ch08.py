@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from course.paged_engine import DecodeBatch
+from course.v0.paged_engine import DecodeBatch
 from kernels.paged_attention_ref import paged_decode_attention
 
 

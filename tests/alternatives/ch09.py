@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course.chunked_scheduler import Chunk, Schedule
+from course.v1.chunked_scheduler import Chunk, Schedule
 from kernels.paged_attention_ref import paged_decode_attention
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from course.hybrid_cache import NULL_BLOCK, full_attention_hit
+from course.v1.hybrid_cache import NULL_BLOCK, full_attention_hit
 
 
 def request_bytes(model, num_tokens, bytes_per_element=2):

@@ -4,10 +4,10 @@ handed over; the admission reads the queue by index and rebuilds it at the end."
 
 from __future__ import annotations
 
-from course.chunked_scheduler import Chunk
-from course.kv_connector import KVConnectorMetadata, KVConnectorScheduler
-from course.offloading_connector import BlockCopy
-from course.prefix_cache import ROOT_KEY, block_key
+from course.v0.prefix_cache import ROOT_KEY, block_key
+from course.v1.chunked_scheduler import Chunk
+from course.v1.kv_connector import KVConnectorMetadata, KVConnectorScheduler
+from course.v1.offloading_connector import BlockCopy
 
 
 class OffloadingConnectorScheduler(KVConnectorScheduler):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from course import kv_sizing
+from course.experiments import kv_sizing
 from mutants import Rule
 
 

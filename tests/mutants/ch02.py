@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from course import block_tables as reference
+from course.v0 import block_tables as reference
 from mutants import Rule
 
 

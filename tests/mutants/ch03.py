@@ -5,7 +5,7 @@ Each mutant is the reference with one method changed, so it fails for one reason
 
 from __future__ import annotations
 
-from course.block_manager import BlockManager, CopyOnWrite, NoFreeBlocksError, Slot
+from course.v0.block_manager import BlockManager, CopyOnWrite, NoFreeBlocksError, Slot
 
 from . import Rule
 
@@ -342,9 +342,9 @@ ONLY_SLOWER = {ListFreePool, DefensiveFree}
 
 UNSEEN_BY_THE_PROBE = {OffsetAfterTheCount, CountsTheTokenFirst, ForkOverAnExistingChild,
                        ReleasesBeforeCopying, FreeOfAnUnknownIdIsQuiet}
-"""Mutants that the notebook's probe (``course.block_scenarios.probe``) takes for correct: they
-differ from a correct manager only in an offset, which the probe does not compare, or on a
-path it does not take (a failed append or copy, a child id in use, a second free)."""
+"""Mutants that the notebook's probe (``course.notebook.block_scenarios.probe``) takes for correct:
+they differ from a correct manager only in an offset, which the probe does not compare, or on a path
+it does not take (a failed append or copy, a child id in use, a second free)."""
 
 MUTANTS = {
     "allocate": [(PartialAllocation, "leave everything as it was"),

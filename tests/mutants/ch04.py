@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from course import prefix_cache as reference
-from course.prefix_cache import PrefixCachingBlockManager, block_key
+from course.v0 import prefix_cache as reference
+from course.v0.prefix_cache import PrefixCachingBlockManager, block_key
 
 from . import Rule
 
@@ -307,9 +307,9 @@ class ForgetsKeysOnFree(PrefixCachingBlockManager):
 
 
 UNSEEN_BY_THE_PROBE = {RunsOutWithKeyError, AllocatesOverAnExistingId, FreeOfAnUnknownIdIsQuiet}
-"""Mutants that the notebook's probe (``course.prefix_sim.probe``) takes for correct: they
-differ from a correct manager only on paths it does not take (a take from an empty free
-queue, an id allocated twice, a second free)."""
+"""Mutants that the notebook's probe (``course.experiments.prefix_sim.probe``) takes for correct:
+they differ from a correct manager only on paths it does not take (a take from an empty free queue,
+an id allocated twice, a second free)."""
 
 MUTANTS = {
     "block_key": [(_content_only, "the same tokens after a different prefix"),

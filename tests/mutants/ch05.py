@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from course.block_manager import NoFreeBlocksError
-from course.scheduler import Scheduler, SwapSpaceFullError
+from course.v0.block_manager import NoFreeBlocksError
+from course.v0.scheduler import Scheduler, SwapSpaceFullError
 
 from . import Rule
 
@@ -404,9 +404,9 @@ class SwapInDecodesAtOnce(Scheduler):
 
 
 UNSEEN_BY_THE_PROBE = {SwapOutPairsReversed, SwapInPairsReversed}
-"""Mutants that the notebook's probe (``course.serving_experiments.probe``) takes for correct:
-they differ only in which blocks a swap copies, which the probe does not compare (nor do the
-experiments, which count blocks and never read KV)."""
+"""Mutants that the notebook's probe (``course.experiments.serving_experiments.probe``) takes for
+correct: they differ only in which blocks a swap copies, which the probe does not compare (nor do
+the experiments, which count blocks and never read KV)."""
 
 MUTANTS = {
     "admit": [(AdmitsOutOfOrder, "first come, first served"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from course.paged_cases import on_gpu
+from course.notebook.paged_cases import on_gpu
 from kernels import paged_attention as final
 from kernels import paged_attention_steps as steps
 from kernels import split_kv

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from course import paged_engine as reference
+from course.v0 import paged_engine as reference
 from kernels.paged_attention_ref import paged_decode_attention, write_kv
 from mutants import Rule
 

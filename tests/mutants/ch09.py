@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from course.chunked_scheduler import Chunk, Schedule
-from course.prefix_cache import prefix_keys
+from course.v0.prefix_cache import prefix_keys
+from course.v1.chunked_scheduler import Chunk, Schedule
 from mutants import Rule, kernel_mutant
 
 

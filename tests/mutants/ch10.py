@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from course.hybrid_cache import NULL_BLOCK, full_attention_hit, skipped_tokens
-from course.hybrid_models import FULL, STATE
-from course.hybrid_sizing import group_bytes_per_token
+from course.experiments.hybrid_models import FULL, STATE
+from course.experiments.hybrid_sizing import group_bytes_per_token
+from course.v1.hybrid_cache import NULL_BLOCK, full_attention_hit, skipped_tokens
 from mutants import Rule, kernel_mutant
 
 
@@ -172,7 +172,7 @@ def _hit_in_blocks(cached, max_length, block_size, window):
 
 
 def _one_group_hit(cached, length, block_size, window):
-    from course.hybrid_cache import sliding_window_hit
+    from course.v1.hybrid_cache import sliding_window_hit
 
     return (full_attention_hit(cached, length, block_size) if window is None
             else sliding_window_hit(cached, length, block_size, window))

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from course.chunked_scheduler import Chunk
-from course.kv_connector import KVConnectorMetadata
-from course.offloading_connector import BlockCopy
+from course.v1.chunked_scheduler import Chunk
+from course.v1.kv_connector import KVConnectorMetadata
+from course.v1.offloading_connector import BlockCopy
 from mutants import Rule
 
 
