@@ -125,7 +125,8 @@ def test_links_point_into_the_site():
     assert "/blob/main/exercises/02_x.ipynb)" in english  # no page for it: GitHub
     assert '<a href="zh_CN/index.html">zh</a>' in english
     assert '<a href="docs/instructors.html#untrusted-notebooks">manual</a>' in english
-    assert "[code](https://github.com/" in english and "/blob/main/course/kv_sizing.py)" in english
+    assert "[code](https://github.com/" in english
+    assert "/blob/main/course/experiments/kv_sizing.py)" in english
     assert "[web](https://example.org)" in english and "[here](#the-chapters)" in english
     assert "![picture](/docs/images/a.png)" in english
     chinese = book.pointed("[one](exercises/zh_CN/01_kv_cache_sizing.ipynb) [en](README.md) "
