@@ -363,6 +363,20 @@ def test_blocks_are_cached_once_their_tokens_are_computed(kv_class=HybridKVCache
     assert len(kv.pool.cached) == 8
 
 
+def test_a_requests_block_keys_are_kept_as_it_grows_and_made_again_for_other_tokens():
+    """The keys a request's blocks are cached and found by are its tokens' prefix keys at every
+    length, however it grew; a request of the same id with other tokens gets its own."""
+    kv = KVCacheCoordinator(16, 2)
+    request = _request(0, [5, 6, 7])
+    for length in range(3, 11):
+        assert kv.block_keys(request, length // 2) == prefix_keys(request.tokens, 2)
+        request.output.append(length)
+    other = _request(0, [9, 9, 9, 9, 9])
+    assert kv.block_keys(other, 2) == prefix_keys(other.tokens, 2)
+    kv.free(other)
+    assert kv.keys == {}
+
+
 def test_without_caching_nothing_is_cached_or_hit():
     kv = HybridKVCacheCoordinator(12, 2, [None, 3], enable_caching=False)
     request = _request(0, list(range(8)))
