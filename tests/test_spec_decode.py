@@ -4,6 +4,9 @@
   prefix-function scan of the reversed tokens); greedy acceptance against its definition.
 * The rejection sampler against the target's own distribution, measured on a tiny vocabulary;
   two wrong samplers are caught by the same measure.
+* What it buys (``course.experiments.spec_decode_cost``): the expected tokens per step against
+  greedy verification's mean, and the roofline's speedup: the expected tokens while memory-bound,
+  never more as the batch grows, and a batch past which it loses where the FLOPs' roof is near.
 * The KV side in a hypothesis state machine: chapter 9's scheduling step with
   ``schedule_lookahead`` over full-attention and sliding-window groups, drafts kept or
   rejected as drawn and ``rollback`` after each step, the model's writes into the slots
@@ -27,6 +30,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from course.experiments.kv_sizing import num_gpu_blocks
+from course.experiments.serving_sim import opt13b_a100_40gb
+from course.experiments.spec_decode_cost import (
+    ACTIVATION_PEAK,
+    break_even_batch,
+    expected_tokens,
+    largest_batch,
+    llama3_8b_h100,
+    speculation,
+)
 from course.v0.prefix_cache import prefix_keys
 from course.v1.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, schedule_step
 from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
@@ -402,3 +415,61 @@ def test_each_rule_of_the_kv_side_broken_is_caught(name, wrong, monkeypatch):
             max_examples=150, stateful_step_count=30, deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
             phases=[Phase.explicit, Phase.generate]))
+
+
+# --- what it buys: the expected tokens and the roofline ------------------------------------
+
+
+@pytest.mark.parametrize(("alpha", "k"), [(0.3, 1), (0.6, 3), (0.9, 5)])
+def test_the_expected_tokens_are_what_greedy_verification_emits_on_average(alpha, k):
+    """Drafts the target agrees with independently, each with probability ``alpha``, verified
+    by ``accept_greedy``: the mean number of tokens emitted is Leviathan et al.'s formula."""
+    gen = torch.Generator().manual_seed(5)
+    steps, emitted = 20_000, 0
+    for _ in range(steps):
+        agree = (torch.rand(k, generator=gen) < alpha).tolist()
+        drafts = [1] * k
+        target = [1 if a else 0 for a in agree] + [2]
+        emitted += len(accept_greedy(drafts, target))
+    assert emitted / steps == pytest.approx(expected_tokens(alpha, k), rel=0.02)
+
+
+def test_the_expected_tokens_at_the_edges():
+    assert expected_tokens(0.0, 4) == 1.0 and expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.7, 0) == 1.0
+    with pytest.raises(ValueError):
+        expected_tokens(1.5, 2)
+
+
+@pytest.mark.parametrize("cost", [opt13b_a100_40gb(), llama3_8b_h100()],
+                         ids=["opt-13b-a100", "llama-3-8b-h100"])
+def test_speculation_pays_its_expected_tokens_while_memory_bound_and_less_as_the_batch_grows(
+        cost):
+    """At batch 1 a step is memory-bound whatever it verifies, so the speedup is the expected
+    tokens; it never grows with the batch."""
+    for alpha, k in [(0.5, 2), (0.7, 4), (0.9, 8)]:
+        assert speculation(cost, alpha, k, 1, 1024).speedup == pytest.approx(
+            expected_tokens(alpha, k))
+        speedups = [speculation(cost, alpha, k, b, 1024).speedup for b in range(1, 400, 7)]
+        assert all(a >= b - 1e-12 for a, b in zip(speedups, speedups[1:], strict=False))
+
+
+def test_where_speculation_stops_paying_depends_on_the_kv_each_request_reads():
+    """OPT-13B's KV (no grouped-query attention) keeps an A100 memory-bound at every batch its
+    pool holds; Llama-3-8B on an H100 reaches the FLOPs' roof, where eight drafts at an
+    acceptance of one half cost more than they bring, and one draft never does."""
+    opt, llama = opt13b_a100_40gb(), llama3_8b_h100()
+    assert break_even_batch(opt, 0.5, 8, 1024, largest_batch(opt, 40e9, 1024)) is None
+    most = largest_batch(llama, 80e9, 1024)
+    worse = break_even_batch(llama, 0.5, 8, 1024, most)
+    assert worse is not None and worse < most
+    assert speculation(llama, 0.5, 8, worse, 1024).speedup < 1 <= \
+        speculation(llama, 0.5, 8, worse - 1, 1024).speedup
+    assert break_even_batch(llama, 0.9, 1, 1024, most) is None
+
+
+def test_the_pool_holds_the_requests_chapter_1_sizes():
+    opt = opt13b_a100_40gb()
+    blocks = num_gpu_blocks(40 * 10**9, 0.9, int(opt.weight_bytes), ACTIVATION_PEAK,
+                            int(16 * opt.kv_bytes_per_token))
+    assert largest_batch(opt, 40e9, 1024) == blocks // 64 > 0
