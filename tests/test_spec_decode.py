@@ -38,6 +38,7 @@ from course.experiments.spec_decode_cost import (
     expected_tokens,
     largest_batch,
     llama3_8b_h100,
+    lookahead_blocks,
     speculation,
 )
 from course.v0.prefix_cache import prefix_keys
@@ -473,3 +474,34 @@ def test_the_pool_holds_the_requests_chapter_1_sizes():
     blocks = num_gpu_blocks(40 * 10**9, 0.9, int(opt.weight_bytes), ACTIVATION_PEAK,
                             int(16 * opt.kv_bytes_per_token))
     assert largest_batch(opt, 40e9, 1024) == blocks // 64 > 0
+
+
+@pytest.mark.parametrize(("alpha", "k"), [(0.5, 2), (0.8, 5)])
+def test_the_blocks_lookahead_takes_and_gives_back_are_what_the_engines_rules_do(alpha, k):
+    """One request decoding through chapter 9's step, ``schedule_lookahead`` and ``rollback``
+    on a real KV cache, its drafts kept as drawn: the blocks its drafts took and gave back per
+    step, on average, are ``lookahead_blocks``'s."""
+    size, steps = 4, 6000
+    scheduler = ChunkedScheduler(4 * steps, size, 64, kv_cache=KVCacheCoordinator(
+        4 * steps, size, enable_caching=False))  # nothing to find: no keys to compute
+    request = ChunkedRequest(0, [1, 2, 3], output_len=10 * steps)
+    scheduler.add(request)
+    gen = torch.Generator().manual_seed(3)
+    taken = given_back = 0
+    for _ in range(steps):
+        request.spec_token_ids = [0] * k if request.output else []
+        held = -(-(request.num_computed_tokens + 1) // size) if request.output else 0
+        scheduler.step(lambda s: schedule_lookahead(s, schedule_step(s)))
+        table = scheduler.kv_cache.block_table(0)
+        if request.output:
+            taken += len(table) - held
+        kept = 0
+        while kept < k and float(torch.rand((), generator=gen)) < alpha:
+            kept += 1
+        before = len(table)
+        request.output += [9] * (kept + 1)  # the kept drafts, then the target's own token
+        rollback(scheduler, request, min(kept, len(request.spec_token_ids)))
+        given_back += before - len(scheduler.kv_cache.block_table(0))
+    reserved, freed = lookahead_blocks(alpha, k, size)
+    assert taken / (steps - 1) == pytest.approx(reserved, rel=0.05)
+    assert given_back / steps == pytest.approx(freed, rel=0.08)

@@ -107,6 +107,23 @@ def break_even_batch(cost: CostModel, alpha: float, k: int, context: int,
     return None
 
 
+def lookahead_blocks(alpha: float, k: int, block_size: int) -> tuple[float, float]:
+    """Blocks a decoding request takes for its ``k`` drafts beyond its own token's, and gives
+    back after verification, per step on average: its computed tokens fall anywhere in a
+    block (uniformly), and it keeps ``a`` drafts with probability ``alpha^a (1 - alpha)``
+    (all ``k`` with ``alpha^k``). A step from ``c`` computed tokens holds ``ceil((c + 1 + k) /
+    block_size)`` blocks, ``ceil((c + 1) / block_size)`` without drafts, and keeps ``ceil((c + 1
+    + a) / block_size)``."""
+    def blocks(tokens: int) -> int:
+        return -(-tokens // block_size)
+
+    accepted = [alpha ** a * (1 - alpha) for a in range(k)] + [alpha ** k]
+    reserved = sum(blocks(c + 1 + k) - blocks(c + 1) for c in range(block_size)) / block_size
+    freed = sum(p * (blocks(c + 1 + k) - blocks(c + 1 + a))
+                for c in range(block_size) for a, p in enumerate(accepted)) / block_size
+    return reserved, freed
+
+
 def main() -> None:
     context, batches = 1024, (1, 8, 32, 128, 512)
     for cost, memory in ((opt13b_a100_40gb(), 40e9), (llama3_8b_h100(), 80e9)):
@@ -124,6 +141,12 @@ def main() -> None:
                 print(f"{alpha:5.1f} {k:3}  {expected_tokens(alpha, k):11.2f}"
                       f"{'':19}{' '.join(shown)}   {worse if worse else 'never'}")
         print()
+    print(f"blocks of {BLOCK_SIZE}: blocks a decoding request takes for its drafts, and gives "
+          "back after verification, per step")
+    for alpha in (0.5, 0.7, 0.9):
+        print(f"alpha {alpha}: " + ", ".join(
+            "k {}: {:.3f} taken, {:.3f} back".format(k, *lookahead_blocks(alpha, k, BLOCK_SIZE))
+            for k in (1, 2, 4, 8)))
 
 
 if __name__ == "__main__":
