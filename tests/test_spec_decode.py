@@ -447,10 +447,15 @@ def test_the_expected_tokens_at_the_edges():
 def test_speculation_pays_its_expected_tokens_while_memory_bound_and_less_as_the_batch_grows(
         cost):
     """At batch 1 a step is memory-bound whatever it verifies, so the speedup is the expected
-    tokens; it never grows with the batch."""
+    tokens, and each token emitted reads the KV divided among them; the speedup never grows
+    with the batch."""
     for alpha, k in [(0.5, 2), (0.7, 4), (0.9, 8)]:
         assert speculation(cost, alpha, k, 1, 1024).speedup == pytest.approx(
             expected_tokens(alpha, k))
+        plain = speculation(cost, alpha, 0, 1, 1024).kv_read_per_token
+        assert plain == 1024 * cost.kv_bytes_per_token
+        assert speculation(cost, alpha, k, 1, 1024).kv_read_per_token == pytest.approx(
+            plain / expected_tokens(alpha, k))
         speedups = [speculation(cost, alpha, k, b, 1024).speedup for b in range(1, 400, 7)]
         assert all(a >= b - 1e-12 for a, b in zip(speedups, speedups[1:], strict=False))
 

@@ -86,7 +86,7 @@ class Speculation:
     batch: int
     tokens_per_step: float  # per request
     speedup: float  # tokens per second per request, against k = 0
-    kv_bytes_per_token: float  # KV bytes read per token emitted
+    kv_read_per_token: float  # bytes of the request's KV read per token it emits
 
 
 def speculation(cost: CostModel, alpha: float, k: int, batch: int, context: int
@@ -131,15 +131,16 @@ def main() -> None:
         print(f"{cost.name}, contexts of {context} tokens: at most {most} requests; tokens "
               "per second per request against plain decoding (-: does not fit), and the "
               "smallest batch at which speculating is slower")
-        print("alpha   k  tokens/step   speedup at batch " + " ".join(f"{b:>5}" for b in batches)
-              + "   slower from")
+        print("alpha   k  tokens/step  KV MB read/token  speedup at batch "
+              + " ".join(f"{b:>5}" for b in batches) + "   slower from")
         for alpha in (0.5, 0.7, 0.9):
             for k in (1, 2, 4, 8):
                 shown = [f"{speculation(cost, alpha, k, b, context).speedup:5.2f}"
                          if b <= most else "    -" for b in batches]
                 worse = break_even_batch(cost, alpha, k, context, most)
-                print(f"{alpha:5.1f} {k:3}  {expected_tokens(alpha, k):11.2f}"
-                      f"{'':19}{' '.join(shown)}   {worse if worse else 'never'}")
+                read = speculation(cost, alpha, k, 1, context).kv_read_per_token
+                print(f"{alpha:5.1f} {k:3}  {expected_tokens(alpha, k):11.2f}  {read / 1e6:16.0f}"
+                      f"{'':18}{' '.join(shown)}   {worse if worse else 'never'}")
         print()
     print(f"blocks of {BLOCK_SIZE}: blocks a decoding request takes for its drafts, and gives "
           "back after verification, per step")

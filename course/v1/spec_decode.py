@@ -132,10 +132,9 @@ def rollback(scheduler: ChunkedScheduler, request: ChunkedRequest, num_accepted:
     computed tokens pulled back by the drafts rejected (their slots hold K/V of tokens that
     never were, written again when real tokens take those places), the blocks past its
     computed tokens given back, and no drafts left to verify."""
-    rejected = len(request.spec_token_ids) - num_accepted
     if not 0 <= num_accepted <= len(request.spec_token_ids):
         raise ValueError(f"request {request.id}: {num_accepted} of "
                          f"{len(request.spec_token_ids)} drafts accepted")
-    request.num_computed_tokens -= rejected
+    request.num_computed_tokens -= len(request.spec_token_ids) - num_accepted
     request.spec_token_ids = []
     scheduler.kv_cache.free_past_computed(request)
