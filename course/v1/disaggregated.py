@@ -34,7 +34,7 @@ from course.v1.kv_connector import (
     KVConnectorOutput,
     KVConnectorScheduler,
     KVConnectorWorker,
-    LoadsInFlight,
+    LoadingWorker,
     poison_block,
 )
 
@@ -159,14 +159,13 @@ class DecodeConnectorScheduler(KVConnectorScheduler):
         pass
 
 
-class DecodeConnectorWorker(KVConnectorWorker):
+class DecodeConnectorWorker(LoadingWorker):
     """Reads the prefill engine's blocks into this engine's pool, ``load_steps`` steps after
     a load starts; a read of blocks the prefill engine released fails."""
 
     def __init__(self, handoff: KVHandoff, load_steps: int = 1) -> None:
-        self.handoff, self.in_flight = handoff, LoadsInFlight(load_steps)
-        self.received: set[int] = set()
-        self.failed_blocks: set[int] = set()
+        super().__init__(load_steps)
+        self.handoff = handoff
         self.bytes_loaded = 0
 
     def register_kv_caches(self, pool: KVPool) -> None:
@@ -203,15 +202,6 @@ class DecodeConnectorWorker(KVConnectorWorker):
 
     def wait_for_save(self) -> None:
         pass
-
-    def get_finished(self, finished_req_ids: set[int]) -> tuple[set[int], set[int]]:
-        received, self.received = self.received, set()
-        return set(), received
-
-    def get_block_ids_with_load_errors(self) -> set[int]:
-        failed, self.failed_blocks = self.failed_blocks, set()
-        return failed
-
 
 @dataclass
 class Disaggregated:

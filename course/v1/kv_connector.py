@@ -179,6 +179,25 @@ class LoadsInFlight:
         return landed
 
 
+class LoadingWorker(KVConnectorWorker):
+    """A worker whose loads land ``load_steps`` steps after they start (``in_flight``): it
+    notes each request whose load landed in ``received`` and each block a load failed to fill
+    in ``failed_blocks``, and reports each once."""
+
+    def __init__(self, load_steps: int) -> None:
+        self.in_flight = LoadsInFlight(load_steps)
+        self.received: set[int] = set()
+        self.failed_blocks: set[int] = set()
+
+    def get_finished(self, finished_req_ids: set[int]) -> tuple[set[int], set[int]]:
+        received, self.received = self.received, set()
+        return set(), received
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        failed, self.failed_blocks = self.failed_blocks, set()
+        return failed
+
+
 def poison_block(pool: KVPool, block: int) -> None:
     """Fill ``block`` with NaN in every layer: what a failed copy leaves is garbage, and NaN
     makes any read of it show in the output."""

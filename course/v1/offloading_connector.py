@@ -29,8 +29,7 @@ from course.v1.kv_connector import (
     KVConnectorMetadata,
     KVConnectorOutput,
     KVConnectorScheduler,
-    KVConnectorWorker,
-    LoadsInFlight,
+    LoadingWorker,
     poison_block,
 )
 from course.v1.offload_tier import CPUTier, Key
@@ -146,16 +145,15 @@ class OffloadingConnectorScheduler(KVConnectorScheduler):
         return False, None
 
 
-class OffloadingConnectorWorker(KVConnectorWorker):
+class OffloadingConnectorWorker(LoadingWorker):
     """Copies blocks between the engine's pool and ``num_cpu_blocks`` CPU blocks. A load takes
     ``load_steps`` steps (at least 1); a load of a key in ``failing_keys`` fails."""
 
     def __init__(self, num_cpu_blocks: int, load_steps: int = 1,
                  failing_keys: set[Key] | None = None) -> None:
-        self.num_cpu_blocks, self.in_flight = num_cpu_blocks, LoadsInFlight(load_steps)
+        super().__init__(load_steps)
+        self.num_cpu_blocks = num_cpu_blocks
         self.failing_keys = failing_keys or set()
-        self.received: set[int] = set()
-        self.failed_blocks: set[int] = set()
         self.saved: list[Key] = []
         self.bytes_loaded = self.bytes_saved = 0
 
@@ -201,14 +199,6 @@ class OffloadingConnectorWorker(KVConnectorWorker):
         for copies in self.metadata.saves.values():
             self.saved += [copy.key for copy in copies]
             self.bytes_saved += self.block_bytes * len(copies)
-
-    def get_finished(self, finished_req_ids: set[int]) -> tuple[set[int], set[int]]:
-        received, self.received = self.received, set()
-        return set(), received
-
-    def get_block_ids_with_load_errors(self) -> set[int]:
-        failed, self.failed_blocks = self.failed_blocks, set()
-        return failed
 
     def build_connector_worker_meta(self) -> list[Key]:
         saved, self.saved = self.saved, []
