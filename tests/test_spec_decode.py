@@ -53,6 +53,8 @@ from course.v1.spec_decode import (
     schedule_lookahead,
 )
 
+FIXED = {"derandomize": True, "database": None}  # the same examples on every run
+
 
 def _lookup_by_prefix_function(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """Prompt lookup as vLLM computes it: reverse the tokens, so the n-gram that ends them is a
@@ -94,7 +96,7 @@ def test_prompt_lookup_proposes_what_followed_the_longest_earlier_match():
     assert ngram_propose([3, 1, 3], min_n=1, max_n=1, k=0) == []
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, **FIXED)
 @given(tokens=st.lists(st.integers(0, 3), max_size=24), min_n=st.integers(1, 4),
        extra=st.integers(0, 3), k=st.integers(0, 5))
 def test_prompt_lookup_agrees_with_the_prefix_function_scan(tokens, min_n, extra, k):
@@ -108,7 +110,7 @@ def test_prompt_lookup_refuses_an_empty_range_of_n():
         ngram_propose([1, 2, 3], min_n=3, max_n=2, k=2)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, **FIXED)
 @given(pairs=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2)), max_size=6),
        last=st.integers(0, 2))
 def test_greedy_verification_emits_the_agreeing_drafts_then_the_targets_token(pairs, last):
@@ -347,7 +349,7 @@ class SpeculativeServing(RuleBasedStateMachine):
 
 def test_drafts_are_scheduled_verified_and_rolled_back_without_a_wrong_slot():
     run_state_machine_as_test(SpeculativeServing, settings=settings(
-        max_examples=150, stateful_step_count=30, deadline=None,
+        max_examples=150, stateful_step_count=30, deadline=None, **FIXED,
         suppress_health_check=[HealthCheck.too_slow], phases=[
             Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink]))
     # every path was taken, many times over: drafts given room, cut or refused, and rejected
@@ -413,7 +415,7 @@ def test_each_rule_of_the_kv_side_broken_is_caught(name, wrong, monkeypatch):
         monkeypatch.setitem(globals(), name, wrong)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(SpeculativeServing, settings=settings(
-            max_examples=150, stateful_step_count=30, deadline=None,
+            max_examples=150, stateful_step_count=30, deadline=None, **FIXED,
             suppress_health_check=[HealthCheck.too_slow],
             phases=[Phase.explicit, Phase.generate]))
 

@@ -90,12 +90,13 @@ class GroupTables:
 
 def build_varlen_batch(manager: Tables, chunks: list[Chunk]) -> VarlenBatch:
     """The batch of ``chunks``: chunk c computes positions c.start .. c.end - 1 of its
-    request, whose slots ``manager`` holds (a group's tables)."""
+    request, whose slots ``manager`` holds (a group's tables); past the request's known
+    tokens, its drafts (``course.v1.spec_decode``)."""
     ids, positions, slots, starts, lengths, tables = [], [], [], [0], [], []
     for chunk in chunks:
         table, size = manager.block_table(chunk.request.id), manager.block_size
         span = range(chunk.start, chunk.end)
-        ids += chunk.request.tokens[chunk.start:chunk.end]
+        ids += chunk.request.tokens_with_spec[chunk.start:chunk.end]
         positions += span
         slots += [table[p // size] * size + p % size for p in span]
         starts.append(starts[-1] + chunk.num_tokens)
@@ -123,8 +124,9 @@ def default_attention(device: torch.device) -> Callable:
 @dataclass
 class ChunkRecord:
     """What one step computed: (request, start, tokens, kind) per chunk, kind "decode"
-    (one token after the prompt), "prefill" (a chunk of the prompt) or "recompute" (a
-    chunk of generated tokens, after a preemption); and the requests preempted."""
+    (one token after the prompt), "prefill" (a chunk of the prompt), "verify" (the newest
+    token and drafts, chapter 12) or "recompute" (a chunk of generated tokens, after a
+    preemption); and the requests preempted."""
 
     step: int
     chunks: list[tuple[int, int, int, str]]
@@ -233,6 +235,7 @@ class ChunkedEngine:
         for chunk in plan.chunks:
             request, prompt = chunk.request, len(chunk.request.prompt)
             kind = ("prefill" if chunk.start < prompt else
+                    "verify" if chunk.end > request.num_tokens else
                     "decode" if chunk.num_tokens == 1 else "recompute")
             if request.id not in self.admitted:  # its first admission: its prefix hits
                 self.admitted.add(request.id)
