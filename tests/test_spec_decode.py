@@ -42,6 +42,7 @@ from course.experiments.spec_decode_cost import (
     speculation,
 )
 from course.v0.prefix_cache import prefix_keys
+from course.v1 import spec_decode
 from course.v1.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, schedule_step
 from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
 from course.v1.kv_coordinator import NULL_BLOCK, KVCacheCoordinator
@@ -381,8 +382,10 @@ def _lookahead_past_the_first_token(scheduler, plan):
 
 def _rollback_keeping_the_count(scheduler, request, num_accepted):
     """Wrong: frees the rejected drafts' blocks but counts their tokens computed."""
-    request.spec_token_ids = []
-    scheduler.kv_cache.free_past_computed(request)
+    num_computed = request.num_computed_tokens
+    request.num_computed_tokens -= len(request.spec_token_ids) - num_accepted
+    spec_decode.rollback(scheduler, request, num_accepted)  # the blocks freed
+    request.num_computed_tokens = num_computed
 
 
 def _rollback_keeping_the_blocks(scheduler, request, num_accepted):

@@ -179,8 +179,10 @@ def _verify_emitting_every_choice(self, plan):
 
 def _rollback_forgetting_the_count(scheduler, request, num_accepted):
     """Wrong: frees the blocks past the computed tokens, counting the rejected ones computed."""
-    request.spec_token_ids = []
-    scheduler.kv_cache.free_past_computed(request)
+    num_computed = request.num_computed_tokens
+    request.num_computed_tokens -= len(request.spec_token_ids) - num_accepted
+    spec_decode.rollback(scheduler, request, num_accepted)  # the blocks freed
+    request.num_computed_tokens = num_computed
 
 
 def _rollback_forgetting_the_blocks(scheduler, request, num_accepted):
@@ -196,12 +198,9 @@ def _rollback_forgetting_the_blocks(scheduler, request, num_accepted):
     ("rollback", _rollback_forgetting_the_blocks),
 ], ids=["emits-every-choice", "rollback-forgets-the-count", "rollback-keeps-the-blocks"])
 def test_a_wrong_verification_or_rollback_is_caught(where, wrong, monkeypatch):
-    from course.v1 import speculative_engine
-
     if where == "verify":
         monkeypatch.setattr(SpeculativeEngine, "verify", wrong)
-    else:
-        monkeypatch.setattr(speculative_engine, "rollback", wrong)
     model, specs = TinyModel(seed=3), _specs(seed=2, count=5)
+    given = {"roll_back": wrong} if where == "rollback" else {}
     with pytest.raises((AssertionError, ValueError)):
-        _serve(model, specs, 3, _knowing(model, specs, seed=2), 60, 1, 16)
+        _serve(model, specs, 3, _knowing(model, specs, seed=2), 60, 1, 16, **given)

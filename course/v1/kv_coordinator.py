@@ -273,15 +273,6 @@ class KVCacheCoordinator:
             for manager in self.managers:
                 manager.cache_blocks(request.id, keys)
 
-    def free_past_computed(self, request: Request) -> None:
-        """Give back, in every group, the blocks past ``request``'s computed tokens (those that
-        held only drafts it rejected: ``course.v1.spec_decode``), the last first."""
-        keep = -(-request.num_computed_tokens // self.block_size)
-        for manager in self.managers:
-            table = manager.tables.get(request.id, [])
-            self.pool.free_blocks(list(reversed(table[keep:])))
-            del table[keep:]
-
     def free(self, request: Request) -> None:
         """Give back every block ``request`` holds, in every group."""
         for manager in self.managers:

@@ -37,13 +37,16 @@ from course.v1.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler,
 
 
 def ngram_propose(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
-    """Up to ``k`` draft tokens by prompt lookup: find the longest ``n``, ``min_n <= n <=
-    max_n``, whose last ``n`` tokens occur earlier in ``tokens`` (an occurrence may overlap
-    them); of that n-gram's earlier occurrences take the first, and propose the tokens that
-    followed it, at most ``k``. None found: no drafts."""
+    """Up to ``k`` drafts by prompt lookup. For ``n`` from ``max_n`` down to ``min_n`` (and
+    below ``len(tokens)``): the n-gram that ends ``tokens`` (its last ``n`` tokens) is
+    looked for earlier in ``tokens``, at every start before ``len(tokens) - n`` (an earlier
+    occurrence may overlap the n-gram itself). The longest ``n`` found wins; of its
+    occurrences, the first. The drafts are the tokens that followed that occurrence, at most
+    ``k`` of them. No n-gram found: ``[]``."""
     if min_n < 1 or max_n < min_n or k < 0:
         raise ValueError(f"n-grams of {min_n} to {max_n} tokens, {k} drafts: need "
                          "1 <= min_n <= max_n and k >= 0")
+    ### BEGIN SOLUTION
     tokens = list(tokens)
     for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
         suffix = tokens[-n:]
@@ -51,20 +54,24 @@ def ngram_propose(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list
             if tokens[start:start + n] == suffix:
                 return tokens[start + n:start + n + k]
     return []
+    ### END SOLUTION
 
 
 def accept_greedy(drafts: Sequence[int], target: Sequence[int]) -> list[int]:
     """The tokens a greedy verification emits. ``target[i]`` is the target model's greedy
-    choice after the request's newest token and drafts ``0 .. i-1`` (``len(drafts) + 1`` of
-    them). Drafts are accepted while each equals the target's choice at its place; the next
-    token is the target's own: at the first draft rejected, or after the last."""
+    choice after the request's newest token and drafts ``0 .. i-1`` (so ``len(drafts) + 1``
+    of them). Drafts are accepted from the first while each equals the target's choice at
+    its place; then one token more, the target's own: its choice at the first draft
+    rejected, or after the last draft when all are accepted."""
     if len(target) != len(drafts) + 1:
         raise ValueError(f"{len(drafts)} drafts need {len(drafts) + 1} target choices, "
                          f"got {len(target)}")
+    ### BEGIN SOLUTION
     accepted = 0
     while accepted < len(drafts) and drafts[accepted] == target[accepted]:
         accepted += 1
     return [*drafts[:accepted], target[accepted]]
+    ### END SOLUTION
 
 
 def rejection_sample(drafts: Sequence[int], draft_probs: torch.Tensor | None,
@@ -101,12 +108,25 @@ def rejection_sample(drafts: Sequence[int], draft_probs: torch.Tensor | None,
 
 
 def schedule_lookahead(scheduler: ChunkedScheduler, plan: Schedule) -> Schedule:
-    """Extend ``plan``'s chunks that end at their request's last known token with the
-    request's drafts (``request.spec_token_ids``), in the plan's order, from the budget the
-    plan leaves: as many drafts as it holds, if ``allocate_slots`` finds room for them all in
-    every group; otherwise the request's drafts are dropped and its own token stays scheduled.
-    Room is asked with the request's computed tokens where its chunk starts, so that a
-    sliding window frees only what the chunk's first token no longer sees."""
+    """Give drafts slots in the step ``plan`` (chapter 9's ``schedule_step``) decided, from
+    what it left: ``budget`` is ``scheduler.max_num_batched_tokens`` less the plan's tokens,
+    ``kv`` is ``scheduler.kv_cache``. For each chunk in the plan's order whose request has
+    drafts (``request.spec_token_ids``) and which ends at the request's last known token
+    (``chunk.end == request.num_tokens``):
+
+    1. the request keeps only the drafts the budget holds (``spec_token_ids[:budget]``);
+       none left: on to the next chunk;
+    2. room for the chunk and its drafts is asked from the chunk's first token: with
+       ``request.num_computed_tokens`` set back to ``chunk.start``,
+       ``kv.allocate_slots(request, chunk.num_tokens + len(drafts))`` (a sliding window
+       then frees only what that first token no longer sees);
+    3. made: the plan's chunk becomes ``Chunk(request, chunk.start, chunk.num_tokens +
+       len(drafts))`` and the drafts come off the budget; refused: the request's drafts
+       become ``[]`` and its chunk stays (a draft never preempts a request);
+    4. either way ``request.num_computed_tokens`` is its chunk's end.
+
+    Returns ``plan``."""
+    ### BEGIN SOLUTION
     kv = scheduler.kv_cache
     budget = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
     for index, chunk in enumerate(plan.chunks):
@@ -125,16 +145,31 @@ def schedule_lookahead(scheduler: ChunkedScheduler, plan: Schedule) -> Schedule:
             request.spec_token_ids = []
         request.num_computed_tokens = plan.chunks[index].end
     return plan
+    ### END SOLUTION
 
 
 def rollback(scheduler: ChunkedScheduler, request: ChunkedRequest, num_accepted: int) -> None:
-    """After a step verified ``request``'s drafts and kept ``num_accepted`` of them: its
-    computed tokens pulled back by the drafts rejected (their slots hold K/V of tokens that
-    never were, written again when real tokens take those places), the blocks past its
-    computed tokens given back, and no drafts left to verify."""
+    """After a step verified ``request``'s drafts and kept ``num_accepted`` of them (a
+    ``ValueError`` unless ``0 <= num_accepted <= len(request.spec_token_ids)``):
+
+    1. ``request.num_computed_tokens`` pulls back by the drafts rejected,
+       ``len(request.spec_token_ids) - num_accepted`` (their slots hold K/V of tokens that
+       never were; real tokens write those places again);
+    2. the request has no drafts left: ``request.spec_token_ids = []``;
+    3. in every group (``kv.managers``, ``kv = scheduler.kv_cache``), the request's table
+       (``manager.tables[request.id]``) keeps the blocks its computed tokens fill,
+       ``ceil(num_computed_tokens / kv.block_size)``; the blocks past them go back to the
+       pool, last first (``kv.pool.free_blocks``), and leave the table."""
     if not 0 <= num_accepted <= len(request.spec_token_ids):
         raise ValueError(f"request {request.id}: {num_accepted} of "
                          f"{len(request.spec_token_ids)} drafts accepted")
+    ### BEGIN SOLUTION
     request.num_computed_tokens -= len(request.spec_token_ids) - num_accepted
     request.spec_token_ids = []
-    scheduler.kv_cache.free_past_computed(request)
+    kv = scheduler.kv_cache
+    keep = -(-request.num_computed_tokens // kv.block_size)
+    for manager in kv.managers:
+        table = manager.tables[request.id]
+        kv.pool.free_blocks(list(reversed(table[keep:])))
+        del table[keep:]
+    ### END SOLUTION

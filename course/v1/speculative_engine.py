@@ -61,25 +61,32 @@ def prompt_lookup(min_n: int = 1, max_n: int = 3) -> Proposer:
     return propose
 
 
-def with_lookahead(schedule: Callable[[ChunkedScheduler], Schedule]
+def with_lookahead(schedule: Callable[[ChunkedScheduler], Schedule],
+                   lookahead: Callable[[ChunkedScheduler, Schedule], Schedule]
                    ) -> Callable[[ChunkedScheduler], Schedule]:
-    """``schedule``, then the drafts of the requests it scheduled to their last known token."""
-    return lambda scheduler: schedule_lookahead(scheduler, schedule(scheduler))
+    """``schedule``, then ``lookahead``: the drafts of the requests it scheduled to their
+    last known token."""
+    return lambda scheduler: lookahead(scheduler, schedule(scheduler))
 
 
 class SpeculativeEngine(ChunkedEngine):
     """Chapter 9's engine, proposing up to ``num_speculative_tokens`` drafts per request and
     verifying them greedily in the next step. ``propose(request, k)`` gives at most ``k``
     drafts for what follows ``request.tokens``; ``schedule`` and the other keywords are
-    ``ChunkedEngine``'s. ``drafted`` and ``accepted`` count drafts over the run."""
+    ``ChunkedEngine``'s; ``accept``, ``lookahead`` and ``roll_back`` are chapter 12's
+    ``accept_greedy``, ``schedule_lookahead`` and ``rollback`` unless given. ``drafted`` and
+    ``accepted`` count drafts over the run."""
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
                  max_num_batched_tokens: int, num_speculative_tokens: int,
                  propose: Proposer | None = None,
                  schedule: Callable[[ChunkedScheduler], Schedule] | None = None,
-                 **engine: Any) -> None:
+                 accept: Callable = accept_greedy, lookahead: Callable = schedule_lookahead,
+                 roll_back: Callable = rollback, **engine: Any) -> None:
         super().__init__(model, num_blocks, block_size, max_num_batched_tokens,
-                         schedule=with_lookahead(schedule or schedule_step), **engine)
+                         schedule=with_lookahead(schedule or schedule_step, lookahead),
+                         **engine)
+        self.accept, self.roll_back = accept, roll_back
         self.model = LastHiddenStates(model)
         self.num_speculative_tokens = num_speculative_tokens
         self.propose = propose or prompt_lookup()
@@ -105,13 +112,13 @@ class SpeculativeEngine(ChunkedEngine):
             if chunk.end <= request.num_tokens:
                 continue  # no drafts rode on this chunk: chapter 9's step sampled it
             logits = self.model.logits(hidden[end - len(drafts) - 1:end])
-            emitted = accept_greedy(drafts, logits.argmax(dim=-1).tolist())
+            emitted = self.accept(drafts, logits.argmax(dim=-1).tolist())
             kept = emitted[:request.output_len - len(request.output)]
             for token, row in zip(kept, logits, strict=False):
                 request.emit(token, row)
             self.drafted += len(drafts)
             self.accepted += len(emitted) - 1
-            rollback(self.scheduler, request, min(len(emitted) - 1, len(kept)))
+            self.roll_back(self.scheduler, request, min(len(emitted) - 1, len(kept)))
 
     def propose_drafts(self) -> None:
         """Drafts for every running request whose tokens are all computed but the newest,
