@@ -102,6 +102,8 @@ PARTS = {parts.slug: parts for parts in [
         "course.v1.offloading_connector:OffloadingConnectorScheduler", "get_num_new_matched_tokens",
         "build_connector_meta") | _all("course.v1.connector_engine", "admit_with_connector"),
         skeleton="course.v1.offloading_connector:OffloadingConnectorScheduler"),
+    Parts("12_speculative_decoding", _all("course.v1.spec_decode", "ngram_propose",
+                                          "accept_greedy", "schedule_lookahead", "rollback")),
 ]}
 
 
