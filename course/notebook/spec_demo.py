@@ -27,7 +27,7 @@ SPEC_SCENARIOS = {
     tr_later("five drafts a step"): dict(k=5),
     tr_later("blocks of 1"): dict(k=3, num_blocks=400, block_size=1),
     tr_later("chunked prefill, budget 6"): dict(k=4, budget=6),
-    tr_later("a small pool: preemption"): dict(k=4, num_blocks=14, block_size=2),
+    tr_later("a small pool: preemption"): dict(k=4, num_blocks=20, block_size=2),
     tr_later("shared prefixes: hits"): dict(k=3, shared=9),
     tr_later("hybrid: a window of 3"): dict(k=4, windows=(3, None)),
 }
