@@ -204,3 +204,23 @@ def test_a_wrong_verification_or_rollback_is_caught(where, wrong, monkeypatch):
     given = {"roll_back": wrong} if where == "rollback" else {}
     with pytest.raises((AssertionError, ValueError)):
         _serve(model, specs, 3, _knowing(model, specs, seed=2), 60, 1, 16, **given)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the same serving "
+                    "runs above in PyTorch on the CPU)")
+def test_speculation_through_the_triton_kernel_at_serving_shapes_on_the_gpu():
+    """Blocks of 16, a budget of 512, 32 requests of up to 300 prompt tokens and 64 generated,
+    5 drafts a step, through chapter 9's Triton kernel on the GPU."""
+    model = TinyModel(TinyConfig(hidden=256, num_layers=4, num_q_heads=8, num_kv_heads=2,
+                                 head_dim=64, mlp_hidden=512), seed=1, device="cuda")
+    rng = random.Random(7)
+    specs = [([rng.randrange(128) for _ in range(rng.randint(16, 300))], rng.randint(8, 64),
+              rng.randint(0, 8)) for _ in range(32)]
+    eng = SpeculativeEngine(model, 2048, 16, 512, 5, propose=_knowing(model, specs, seed=7))
+    served = serve_chunked(eng, engine_requests(specs))
+    assert len(served) == 32 and 0 < eng.accepted < eng.drafted
+    for request in served:
+        tokens, _ = generate_contiguous(model, request.prompt, request.output_len)
+        assert request.output == tokens, f"request {request.id}"
+    assert eng.kv_cache.num_held() == 0

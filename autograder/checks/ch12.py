@@ -141,20 +141,21 @@ def prepare(s: Scenario) -> ChunkedScheduler:
     return scheduler
 
 
-def read_state(scheduler: ChunkedScheduler, freed_order: dict[int, list[int]] | None = None
+def read_state(scheduler: ChunkedScheduler, freed: dict[int, list[int]] | None = None
                ) -> dict:
-    """What a step leaves, in terms every correct answer shows alike."""
+    """What a step leaves, in terms every correct answer shows alike: per request its
+    computed tokens, drafts, and each table as # (a block) and . (the null block); per
+    request, which places of its tables went back to the pool, in order; the free blocks."""
     kv = scheduler.kv_cache
-    requests = sorted([*scheduler.running, *scheduler.waiting], key=lambda r: r.id)
-    state = {"free blocks": kv.num_free()}
-    for r in requests:
-        tables = [m.tables.get(r.id) for m in kv.managers]
-        state[f"request {r.id}"] = {
-            "computed": r.num_computed_tokens, "drafts": list(r.spec_token_ids),
-            "tables": [None if t is None else
-                       "".join("." if b == NULL_BLOCK else "#" for b in t) for t in tables]}
-    if freed_order is not None:
-        state["freed, by place in the table"] = freed_order
+    state: dict = {}
+    for r in sorted([*scheduler.running, *scheduler.waiting], key=lambda r: r.id):
+        tables = ["-" if m.tables.get(r.id) is None else
+                  "".join("." if b == NULL_BLOCK else "#" for b in m.tables[r.id])
+                  for m in kv.managers]
+        state[("request", r.id)] = (r.num_computed_tokens, list(r.spec_token_ids), tables)
+    for request_id, places in (freed or {}).items():
+        state[("freed", request_id)] = places
+    state["free"] = kv.num_free()
     return state
 
 
@@ -167,15 +168,14 @@ def run_lookahead(fn: Callable, s: Scenario) -> dict:
         plan = schedule_step(sched)
         returned = learner_call("schedule_lookahead", fn, sched, plan)
         if returned is not plan:
-            raise AssertionError(f"schedule_lookahead(scheduler, plan) on {s.text} returned "
+            raise AssertionError(f"`schedule_lookahead(scheduler, plan)` on {s.text} returned "
                                  f"{type(returned).__name__}, not the plan it was given: "
                                  "change the plan's chunks in place and return it.")
         return plan
 
     plan = scheduler.step(step)
-    state = read_state(scheduler)
-    state["chunks"] = [(c.request.id, c.start, c.num_tokens) for c in plan.chunks]
-    return state
+    return {"chunks": [(c.request.id, c.start, c.num_tokens) for c in plan.chunks],
+            **read_state(scheduler)}
 
 
 def run_rollback(fn: Callable, s: Scenario) -> dict:
@@ -199,26 +199,49 @@ def run_rollback(fn: Callable, s: Scenario) -> dict:
             request.emit(token)
         learner_call("rollback", fn, scheduler, request, kept)
     returned = [b for b in kv.pool.free_queue if b not in queue_before]
-    order = {}
-    for request_id, tables in before.items():
-        places = [(g, tables[g].index(b)) for b in returned for g in range(len(tables))
-                  if b in tables[g]]
-        order[request_id] = [place for _, place in places]
-    return read_state(scheduler, order)
+    freed = {request_id: [table.index(b) for b in returned for table in tables if b in table]
+             for request_id, tables in before.items()}
+    return read_state(scheduler, freed)
 
 
-def compare(name: str, s: Scenario, got: dict, answers: tuple[dict, list[tuple[dict, str]]],
-            idea: str) -> None:
+def _request_words(state: tuple) -> str:
+    computed, drafts, tables = state
+    return f"{computed} tokens computed, drafts {drafts}, tables {tables}"
+
+
+def difference(got: dict, expected: dict) -> str:
+    """The first thing ``got`` says otherwise than ``expected``, in words."""
+    key = next((k for k in expected if got.get(k) != expected[k]), None)
+    if key is None:
+        unexpected = next(k for k in got if k not in expected)
+        return f"it left {unexpected} behind, which no correct step leaves"
+    if key == "free":
+        return f"{got.get(key)} blocks are free after it, expected {expected[key]}"
+    if key == "chunks":
+        return (f"the plan's chunks (request, start, tokens) are {got.get(key)}, expected "
+                f"{expected[key]}")
+    if key[0] == "request":
+        left = _request_words(got[key]) if key in got else "gone"
+        return (f"request {key[1]} is left with {left}; expected "
+                f"{_request_words(expected[key])}")
+    return (f"the places of request {key[1]}'s tables given back, in order, are "
+            f"{got.get(key)}, expected {expected[key]}")
+
+
+def compare(todo: str, s: Scenario, got: dict,
+            answers: tuple[dict, list[tuple[dict, str]]], idea: str) -> None:
     """``got`` against the expected state; the first difference, with the known mistake that
     leaves exactly this state, else the idea."""
     expected, known = answers
     if got == expected:
         return
-    where = next(key for key in expected if got.get(key) != expected[key]) \
-        if set(got) == set(expected) else "what it leaves"
+    found = difference(got, expected)
     said = next((text for state, text in known if state == got), idea)
-    raise AssertionError(f"{name} on {s.text}: {where} is {got.get(where)}, expected "
-                         f"{expected.get(where)}. {said}")
+    if todo == "schedule_lookahead":
+        raise AssertionError(f"`schedule_lookahead(scheduler, plan)` on {s.text}: {found}. "
+                             f"{said}")
+    raise AssertionError(f"`rollback(scheduler, request, num_accepted)` on {s.text}: {found}. "
+                         f"{said}")
 
 
 LOOKAHEAD_SCENARIOS = [
@@ -245,8 +268,7 @@ def check_schedule_lookahead(fn: Callable) -> None:
     token; a chunk of a new prompt beside a request with drafts."""
     for s in LOOKAHEAD_SCENARIOS:
         answers = private("12").lookahead_case(s)
-        compare("schedule_lookahead(scheduler, plan)", s, run_lookahead(fn, s), answers,
-                LOOKAHEAD_IDEA)
+        compare("schedule_lookahead", s, run_lookahead(fn, s), answers, LOOKAHEAD_IDEA)
 
 
 ROLLBACK_SCENARIOS = [
@@ -266,5 +288,4 @@ def check_rollback(fn: Callable) -> None:
     1), and two blocks given back (last first)."""
     for s in ROLLBACK_SCENARIOS:
         answers = private("12").rollback_case(s)
-        compare("rollback(scheduler, request, num_accepted)", s, run_rollback(fn, s), answers,
-                ROLLBACK_IDEA)
+        compare("rollback", s, run_rollback(fn, s), answers, ROLLBACK_IDEA)

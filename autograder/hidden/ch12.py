@@ -258,7 +258,7 @@ def check_schedule_lookahead_thoroughly(fn: Callable) -> None:
     4, pools from roomy to full, budgets from one token per request up, a new prompt in the
     same step; then the tiny model served with it, token for token."""
     for_all(_scenarios().filter(lambda s: _playable(s, False)),
-            lambda s: compare("schedule_lookahead(scheduler, plan)", s, run_lookahead(fn, s),
+            lambda s: compare("schedule_lookahead", s, run_lookahead(fn, s),
                               lookahead_case(s), LOOKAHEAD_IDEA), 120)
     serve_exactly("schedule_lookahead", lookahead=fn)
 
@@ -316,8 +316,8 @@ def check_rollback_thoroughly(fn: Callable) -> None:
     """Drawn scenarios (as schedule_lookahead's) with drawn drafts kept, every request rolled
     back in turn; then the tiny model served with it, token for token."""
     for_all(_scenarios(rolled_back=True).filter(lambda s: _playable(s, True)),
-            lambda s: compare("rollback(scheduler, request, num_accepted)", s,
-                              run_rollback(fn, s), rollback_case(s), ROLLBACK_IDEA), 120)
+            lambda s: compare("rollback", s, run_rollback(fn, s), rollback_case(s),
+                              ROLLBACK_IDEA), 120)
     serve_exactly("rollback", roll_back=fn)
 
 

@@ -83,11 +83,12 @@ def serve_speculating(scenario: dict, wrong: float = 1 / 3, seed: int = 0,
 def spec_row(scenario: dict, **served: object) -> dict:
     """One scenario of ``SPEC_SCENARIOS`` as a row: requests, how many generated what greedy
     generation gives, drafts proposed and accepted, steps against the same requests served
-    without drafts, preemptions, and whether every block came back."""
+    without drafts (by the same functions), preemptions, and whether every block came
+    back."""
     engine, finished, model = serve_speculating(scenario, **served)
     identical = sum(r.output == generate_contiguous(model, r.prompt, r.output_len)[0]
                     for r in finished)
-    plain, _, _ = serve_speculating({**scenario, "k": 0})
+    plain, _, _ = serve_speculating({**scenario, "k": 0}, **served)
     return {"requests": len(finished), "identical": identical, "drafted": engine.drafted,
             "accepted": engine.accepted, "steps": engine.steps, "plain_steps": plain.steps,
             "preemptions": sum(len(r.preempted) for r in engine.records),
