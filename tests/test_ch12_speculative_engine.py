@@ -8,6 +8,12 @@ first wave's tokens hits the blocks the first wave cached, and is token-exact to
 cached block holds a rejected draft's K/V. A verification that emits the target's every
 choice, and a rollback that forgets the count or the blocks, are caught by the same
 comparison.
+
+A draft model whose K/V live in the target's pool (``course.v1.draft_model``): with the
+target's own weights every draft is accepted, and another model's every proposal is exactly
+its own contiguous greedy continuation, in the same scenarios; a draft that never writes the
+step's tokens is caught by that comparison; a draft that cannot share the target's blocks is
+refused.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from course.tiny_model import TinyConfig, TinyModel, generate_contiguous
 from course.v1 import spec_decode
 from course.v1.chunked_engine import engine_requests, serve_chunked
 from course.v1.chunked_scheduler import ChunkedRequest
+from course.v1.draft_model import DraftModel
 from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
 from course.v1.speculative_engine import Proposer, SpeculativeEngine, prompt_lookup
 from kernels.sliding_window_attention import window_attention_reference
@@ -224,3 +231,112 @@ def test_speculation_through_the_triton_kernel_at_serving_shapes_on_the_gpu():
         tokens, _ = generate_contiguous(model, request.prompt, request.output_len)
         assert request.output == tokens, f"request {request.id}"
     assert eng.kv_cache.num_held() == 0
+
+
+# --- a draft model whose K/V live in the target's pool ---------------------------------------
+
+
+def _serve_with_draft(model: TinyModel, draft_model: TinyModel, specs: list[tuple], k: int,
+                      num_blocks: int, block_size: int, budget: int, **engine
+                      ) -> tuple[SpeculativeEngine, list[tuple[list[int], list[int]]]]:
+    """Serve ``specs`` with ``draft_model`` proposing; every request token-exact, every block
+    back; each proposal recorded with the tokens it followed."""
+    draft = DraftModel(draft_model)
+    eng = SpeculativeEngine(model, num_blocks, block_size, budget, k, draft=draft, **engine)
+    proposals, propose = [], draft.propose
+
+    def recorded(wanted):
+        propose(wanted)
+        proposals.extend((list(r.tokens), list(r.spec_token_ids)) for r, _ in wanted)
+
+    draft.propose = recorded
+    served = serve_chunked(eng, engine_requests(specs))
+    assert len(served) == len(specs)
+    _assert_same(model, served)
+    assert eng.kv_cache.num_held() == 0
+    return eng, proposals
+
+
+DRAFT_SCENARIOS = [
+    # (blocks in the pool, block size, tokens per step, drafts per step, windows, shared prefix)
+    (200, 4, 16, 4, None, 0),
+    (400, 1, 16, 3, None, 0),
+    (200, 2, 5, 4, None, 0),
+    (20, 2, 16, 4, None, 0),
+    (100, 4, 12, 3, None, 9),
+    (80, 2, 10, 4, (3, None), 6),
+]
+DRAFT_IDS = ["blocks of 4", "blocks of 1", "chunked prefill", "preemption", "prefix hits",
+             "hybrid"]
+
+
+def _target(windows) -> TinyModel:
+    return TinyModel(TinyConfig(num_layers=len(windows), windows=windows) if windows
+                     else TinyConfig(), seed=3)
+
+
+def _hybrid(windows) -> dict:
+    return dict(kv_cache=HybridKVCacheCoordinator,
+                window_attention=window_attention_reference) if windows else {}
+
+
+@pytest.mark.parametrize(("num_blocks", "block_size", "budget", "k", "windows", "shared"),
+                         DRAFT_SCENARIOS[:-1], ids=DRAFT_IDS[:-1])
+def test_a_draft_that_is_the_target_has_every_draft_accepted(num_blocks, block_size, budget, k,
+                                                             windows, shared):
+    """The target's own weights as the draft: its proposals are the target's greedy tokens
+    only if its K/V in the pool are right at every position, after every rollback. (A draft
+    attends over every token, so a hybrid target's own weights cannot be its draft: the
+    next test serves the hybrid model with another draft.)"""
+    model, specs = _target(windows), _specs(seed=block_size + k, count=5, shared=shared)
+    eng, _ = _serve_with_draft(model, _target(windows), specs, k, num_blocks, block_size,
+                               budget, **_hybrid(windows))
+    assert eng.drafted > 0 and eng.accepted == eng.drafted
+    if num_blocks == 20:
+        assert sum(len(record.preempted) for record in eng.records) > 0
+
+
+@pytest.mark.parametrize(("num_blocks", "block_size", "budget", "k", "windows", "shared"),
+                         DRAFT_SCENARIOS, ids=DRAFT_IDS)
+def test_a_draft_model_proposes_its_own_greedy_continuation(num_blocks, block_size, budget, k,
+                                                            windows, shared):
+    """Another, smaller model as the draft: most drafts are rejected, and each proposal is
+    still exactly what that model generates greedily after the request's tokens with a
+    contiguous cache, so its K/V in the pool held no rejected token where it read."""
+    model, specs = _target(windows), _specs(seed=block_size + k, count=5, shared=shared)
+    small = TinyModel(TinyConfig(num_layers=1, hidden=32, mlp_hidden=64), seed=11)
+    eng, proposals = _serve_with_draft(model, small, specs, k, num_blocks, block_size, budget,
+                                       **_hybrid(windows))
+    assert eng.drafted > eng.accepted and len(proposals) > 10
+    for tokens, drafts in proposals:
+        if drafts:
+            assert drafts == generate_contiguous(small, tokens, len(drafts))[0], tokens
+
+
+def test_a_draft_that_skips_the_steps_chunks_is_caught():
+    """The comparison above fails for a draft that never writes the K/V of the tokens the
+    steps compute (its prompt, the tokens verification kept)."""
+    model, specs = _target(None), _specs(seed=5, count=4)
+    small = TinyModel(TinyConfig(num_layers=1, hidden=32, mlp_hidden=64), seed=11)
+    original = DraftModel.follow
+    DraftModel.follow = lambda self, plan: None
+    try:
+        _, proposals = _serve_with_draft(model, small, specs, 3, 200, 4, 16)
+    finally:
+        DraftModel.follow = original
+    assert any(drafts and drafts != generate_contiguous(small, tokens, len(drafts))[0]
+               for tokens, drafts in proposals)
+
+
+def test_a_draft_that_cannot_share_the_targets_blocks_is_refused():
+    model = TinyModel(seed=3)
+    with pytest.raises(ValueError, match="K/V"):
+        SpeculativeEngine(model, 40, 4, 16, 3,
+                          draft=DraftModel(TinyModel(TinyConfig(num_kv_heads=4), seed=1)))
+    sliding = TinyModel(TinyConfig(windows=(3, 3)), seed=3)
+    with pytest.raises(ValueError, match="full-attention"):
+        SpeculativeEngine(sliding, 40, 4, 16, 3, draft=DraftModel(TinyModel(seed=1)),
+                          **_hybrid((3, 3)))
+    with pytest.raises(ValueError, match="not both"):
+        SpeculativeEngine(model, 40, 4, 16, 3, draft=DraftModel(TinyModel(seed=1)),
+                          propose=prompt_lookup())

@@ -16,12 +16,14 @@ from course.notebook.charts import lines_chart
 from course.tiny_model import TinyConfig, TinyModel, generate_contiguous
 from course.v1.chunked_engine import engine_requests, serve_chunked
 from course.v1.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Schedule
+from course.v1.draft_model import DraftModel
 from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
 from course.v1.speculative_engine import Proposer, SpeculativeEngine
 from kernels.sliding_window_attention import window_attention_reference
 
 # each scenario: drafts per step, blocks in the pool, block size, token budget, the layers'
-# windows (None: two layers of full attention), tokens every prompt shares
+# windows (None: two layers of full attention), tokens every prompt shares, and a draft model
+# to propose (the target's own weights, or one of one layer) instead of the knowing proposer
 SPEC_SCENARIOS = {
     tr_later("one draft a step"): dict(k=1),
     tr_later("five drafts a step"): dict(k=5),
@@ -30,6 +32,8 @@ SPEC_SCENARIOS = {
     tr_later("a small pool: preemption"): dict(k=4, num_blocks=20, block_size=2),
     tr_later("shared prefixes: hits"): dict(k=3, shared=9),
     tr_later("hybrid: a window of 3"): dict(k=4, windows=(3, None)),
+    tr_later("draft model: the target's"): dict(k=4, draft="target"),
+    tr_later("draft model: one layer"): dict(k=3, draft="one layer"),
 }
 
 
@@ -62,21 +66,29 @@ def knowing_proposer(model: TinyModel, requests: list[ChunkedRequest], wrong: fl
 def serve_speculating(scenario: dict, wrong: float = 1 / 3, seed: int = 0,
                       lookup: Callable | None = None, **functions: Callable
                       ) -> tuple[SpeculativeEngine, list[ChunkedRequest], TinyModel]:
-    """One scenario served with speculation: drafts by prompt lookup through ``lookup``
-    (the learner's ``ngram_propose``, n-grams of 1 to 3) if given, else by the knowing
-    proposer; ``functions``: ``accept``, ``lookahead``, ``roll_back``."""
+    """One scenario served with speculation: drafts by its draft model, else by prompt lookup
+    through ``lookup`` (the learner's ``ngram_propose``, n-grams of 1 to 3) if given, else by
+    the knowing proposer; ``functions``: ``accept``, ``lookahead``, ``roll_back``."""
     k = scenario.get("k", 3)
     windows = scenario.get("windows")
     model = TinyModel(TinyConfig(num_layers=len(windows), windows=windows) if windows
                       else TinyConfig(), seed=seed)
     requests = scenario_requests(seed, shared=scenario.get("shared", 0))
-    propose = (lambda request, n: lookup(request.tokens, 1, 3, n)) if lookup else \
-        knowing_proposer(model, requests, wrong, seed)
+    drafting = {}
+    if scenario.get("draft") == "target":
+        drafting["draft"] = DraftModel(TinyModel(seed=seed))
+    elif scenario.get("draft"):
+        drafting["draft"] = DraftModel(TinyModel(TinyConfig(num_layers=1, hidden=32,
+                                                            mlp_hidden=64), seed=seed + 1))
+    elif lookup:
+        drafting["propose"] = lambda request, n: lookup(request.tokens, 1, 3, n)
+    else:
+        drafting["propose"] = knowing_proposer(model, requests, wrong, seed)
     hybrid = dict(kv_cache=HybridKVCacheCoordinator,
                   window_attention=window_attention_reference) if windows else {}
     engine = SpeculativeEngine(model, scenario.get("num_blocks", 200),
                                scenario.get("block_size", 4), scenario.get("budget", 16), k,
-                               propose=propose, **hybrid, **functions)
+                               **drafting, **hybrid, **functions)
     return engine, serve_chunked(engine, requests, max_steps=2_000), model
 
 
@@ -88,7 +100,7 @@ def spec_row(scenario: dict, **served: object) -> dict:
     engine, finished, model = serve_speculating(scenario, **served)
     identical = sum(r.output == generate_contiguous(model, r.prompt, r.output_len)[0]
                     for r in finished)
-    plain, _, _ = serve_speculating({**scenario, "k": 0}, **served)
+    plain, _, _ = serve_speculating({**scenario, "k": 0, "draft": None}, **served)
     return {"requests": len(finished), "identical": identical, "drafted": engine.drafted,
             "accepted": engine.accepted, "steps": engine.steps, "plain_steps": plain.steps,
             "preemptions": sum(len(r.preempted) for r in engine.records),

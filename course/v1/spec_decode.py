@@ -43,10 +43,10 @@ def ngram_propose(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list
     occurrence may overlap the n-gram itself). The longest ``n`` found wins; of its
     occurrences, the first. The drafts are the tokens that followed that occurrence, at most
     ``k`` of them. No n-gram found: ``[]``."""
+    ### BEGIN SOLUTION
     if min_n < 1 or max_n < min_n or k < 0:
         raise ValueError(f"n-grams of {min_n} to {max_n} tokens, {k} drafts: need "
                          "1 <= min_n <= max_n and k >= 0")
-    ### BEGIN SOLUTION
     tokens = list(tokens)
     for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
         suffix = tokens[-n:]

@@ -27,6 +27,7 @@ import torch
 from course.tiny_model import TinyModel
 from course.v1.chunked_engine import ChunkedEngine
 from course.v1.chunked_scheduler import ChunkedRequest, ChunkedScheduler, Schedule, schedule_step
+from course.v1.draft_model import DraftModel
 from course.v1.spec_decode import accept_greedy, ngram_propose, rollback, schedule_lookahead
 
 Proposer = Callable[[ChunkedRequest, int], list[int]]
@@ -75,28 +76,38 @@ class SpeculativeEngine(ChunkedEngine):
     drafts for what follows ``request.tokens``; ``schedule`` and the other keywords are
     ``ChunkedEngine``'s; ``accept``, ``lookahead`` and ``roll_back`` are chapter 12's
     ``accept_greedy``, ``schedule_lookahead`` and ``rollback`` unless given. ``drafted`` and
-    ``accepted`` count drafts over the run."""
+    ``accepted`` count drafts over the run. With a ``draft`` model, it proposes, its K/V in
+    this engine's pool (``course.v1.draft_model``)."""
 
     def __init__(self, model: TinyModel, num_blocks: int, block_size: int,
                  max_num_batched_tokens: int, num_speculative_tokens: int,
                  propose: Proposer | None = None,
                  schedule: Callable[[ChunkedScheduler], Schedule] | None = None,
                  accept: Callable = accept_greedy, lookahead: Callable = schedule_lookahead,
-                 roll_back: Callable = rollback, **engine: Any) -> None:
+                 roll_back: Callable = rollback, draft: DraftModel | None = None,
+                 **engine: Any) -> None:
         super().__init__(model, num_blocks, block_size, max_num_batched_tokens,
                          schedule=with_lookahead(schedule or schedule_step, lookahead),
                          **engine)
         self.accept, self.roll_back = accept, roll_back
         self.model = LastHiddenStates(model)
         self.num_speculative_tokens = num_speculative_tokens
+        self.draft = draft
+        if draft is not None:
+            if propose is not None:
+                raise ValueError("drafts come from the draft model or from propose, not both")
+            draft.attach(self)
         self.propose = propose or prompt_lookup()
         self.drafted = 0
         self.accepted = 0
 
     def execute(self, plan: Schedule) -> None:
-        """The model step, the drafts it carried verified, the next drafts proposed."""
+        """The model step (and the draft model's over the same chunks), the drafts it carried
+        verified, the next drafts proposed."""
         if plan.chunks:
             self.model_step(self, plan)
+            if self.draft is not None:
+                self.draft.follow(plan)
             self.verify(plan)
         self.propose_drafts()
 
@@ -122,11 +133,19 @@ class SpeculativeEngine(ChunkedEngine):
 
     def propose_drafts(self) -> None:
         """Drafts for every running request whose tokens are all computed but the newest,
-        no more than it can still emit besides the token verification adds; none for the
-        others (a prompt still in prefill)."""
+        no more than it can still emit besides the token verification adds (from the draft
+        model, where there is one, in one batch); none for the others (a prompt still in
+        prefill)."""
+        wanted = []
         for request in self.scheduler.running:
             room = min(self.num_speculative_tokens,
                        request.output_len - len(request.output) - 1)
             decoding = request.num_computed_tokens == request.num_tokens - 1
-            request.spec_token_ids = self.propose(request, room) if decoding and room > 0 \
-                else []
+            request.spec_token_ids = []
+            if decoding and room > 0:
+                wanted.append((request, room))
+        if self.draft is not None:
+            self.draft.propose(wanted)
+            return
+        for request, room in wanted:
+            request.spec_token_ids = self.propose(request, room)
