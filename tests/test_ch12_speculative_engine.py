@@ -318,12 +318,12 @@ def test_a_draft_that_skips_the_steps_chunks_is_caught():
     steps compute (its prompt, the tokens verification kept)."""
     model, specs = _target(None), _specs(seed=5, count=4)
     small = TinyModel(TinyConfig(num_layers=1, hidden=32, mlp_hidden=64), seed=11)
-    original = DraftModel.follow
-    DraftModel.follow = lambda self, plan: None
+    original = DraftModel.before_verification
+    DraftModel.before_verification = lambda self, plan: None
     try:
         _, proposals = _serve_with_draft(model, small, specs, 3, 200, 4, 16)
     finally:
-        DraftModel.follow = original
+        DraftModel.before_verification = original
     assert any(drafts and drafts != generate_contiguous(small, tokens, len(drafts))[0]
                for tokens, drafts in proposals)
 

@@ -201,6 +201,9 @@ class KVCacheCoordinator:
         self.pool = BlockPool(num_blocks)
         self.managers = [self.manager_for(group, window) for group, window in enumerate(windows)]
         self.keys: dict[int, tuple[list[int], list[str]]] = {}  # id -> (tokens, their keys)
+        # a drafter that reads the target's hidden state at each position (an EAGLE head,
+        # chapter 12) needs the last block of a hit computed again
+        self.use_eagle = False
 
     def manager_for(self, group: int, window: int | None) -> SingleTypeKVCacheManager:
         if window is not None:
@@ -228,13 +231,19 @@ class KVCacheCoordinator:
                    default=0)
 
     def get_computed_tokens(self, request: Request) -> int:
-        """The tokens of ``request``'s longest prefix hit (0 without caching); nothing
-        changes."""
+        """The tokens of ``request``'s longest prefix hit (0 without caching; with
+        ``use_eagle``, the longest a block shorter than that); nothing changes."""
         if not self.enable_caching or not request.tokens:
             return 0
         keys = self.block_keys(request, len(request.tokens) // self.block_size)
-        return self.find_longest_cache_hit([m.cached_indices(keys) for m in self.managers],
-                                           len(request.tokens))
+        cached = [m.cached_indices(keys) for m in self.managers]
+        hit = self.find_longest_cache_hit(cached, len(request.tokens))
+        if self.use_eagle and hit:
+            # the longest hit a block shorter (vLLM drops the last matched block): the draft
+            # head's K/V at a hit's last token were made from the token after it, which the
+            # hit's key does not hold, and its hidden state must be computed again
+            hit = self.find_longest_cache_hit(cached, hit - self.block_size + 1)
+        return hit
 
     def allocate_slots(self, request: Request, num_new: int) -> bool:
         """Room for ``request``'s next ``num_new`` tokens after its ``num_computed_tokens``;

@@ -107,8 +107,10 @@ class SpeculativeEngine(ChunkedEngine):
         if plan.chunks:
             self.model_step(self, plan)
             if self.draft is not None:
-                self.draft.follow(plan)
+                self.draft.before_verification(plan)
             self.verify(plan)
+            if self.draft is not None:
+                self.draft.after_verification(plan)
         self.propose_drafts()
 
     def verify(self, plan: Schedule) -> None:
