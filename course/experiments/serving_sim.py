@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from course.experiments.models import MODELS
 from course.experiments.workloads import LengthMix, sample_requests
+from course.language import tr_later
 from course.v0.scheduler import Request, Scheduler, StepPlan
 
 
@@ -56,7 +57,7 @@ class CostModel:
 
 def opt13b_a100_40gb() -> CostModel:
     model = MODELS["OPT-13B"]
-    return CostModel("OPT-13B (fp16) on an A100 40 GB", model.num_params,
+    return CostModel(tr_later("OPT-13B (fp16) on an A100 40 GB"), model.num_params,
                      model.weight_bytes(2), 2 * model.num_layers * model.num_kv_heads
                      * model.head_dim * 2)
 

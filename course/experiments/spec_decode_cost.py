@@ -33,13 +33,14 @@ from dataclasses import dataclass
 from course.experiments.kv_sizing import kv_bytes_per_token, num_gpu_blocks
 from course.experiments.models import MODELS
 from course.experiments.serving_sim import CostModel, opt13b_a100_40gb
+from course.language import tr_later
 
 
 def llama3_8b_h100() -> CostModel:
     """Llama-3-8B in bf16 on an H100 SXM 80 GB: 3.35 TB/s of HBM3 and 989 TFLOP/s of dense
     bf16 (NVIDIA's H100 datasheet); utilisation and overheads as chapter 5's."""
     model = MODELS["Llama-3-8B"]
-    return CostModel("Llama-3-8B (bf16) on an H100 80 GB", model.num_params,
+    return CostModel(tr_later("Llama-3-8B (bf16) on an H100 80 GB"), model.num_params,
                      model.weight_bytes(2),
                      kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_dim, 2),
                      hbm_bytes_per_s=3.35e12, peak_flops=989e12)

@@ -16,14 +16,15 @@ from course.notebook.charts import lines_chart
 from course.tiny_model import TinyConfig, TinyModel, generate_contiguous
 from course.v1.chunked_engine import engine_requests, serve_chunked
 from course.v1.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, Schedule
-from course.v1.draft_model import DraftModel
+from course.v1.draft_model import DraftHead, DraftModel
 from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
 from course.v1.speculative_engine import Proposer, SpeculativeEngine
 from kernels.sliding_window_attention import window_attention_reference
 
 # each scenario: drafts per step, blocks in the pool, block size, token budget, the layers'
 # windows (None: two layers of full attention), tokens every prompt shares, and a draft model
-# to propose (the target's own weights, or one of one layer) instead of the knowing proposer
+# or head to propose (the target's own weights, a model of one layer, an EAGLE-shaped head)
+# instead of the knowing proposer
 SPEC_SCENARIOS = {
     tr_later("one draft a step"): dict(k=1),
     tr_later("five drafts a step"): dict(k=5),
@@ -34,6 +35,7 @@ SPEC_SCENARIOS = {
     tr_later("hybrid: a window of 3"): dict(k=4, windows=(3, None)),
     tr_later("draft model: the target's"): dict(k=4, draft="target"),
     tr_later("draft model: one layer"): dict(k=3, draft="one layer"),
+    tr_later("draft head, prefix hits"): dict(k=3, draft="head", shared=9),
 }
 
 
@@ -77,6 +79,8 @@ def serve_speculating(scenario: dict, wrong: float = 1 / 3, seed: int = 0,
     drafting = {}
     if scenario.get("draft") == "target":
         drafting["draft"] = DraftModel(TinyModel(seed=seed))
+    elif scenario.get("draft") == "head":
+        drafting["draft"] = DraftHead(TinyModel(TinyConfig(num_layers=1), seed=seed + 1), seed)
     elif scenario.get("draft"):
         drafting["draft"] = DraftModel(TinyModel(TinyConfig(num_layers=1, hidden=32,
                                                             mlp_hidden=64), seed=seed + 1))
@@ -164,7 +168,7 @@ def acceptance_chart(ks: tuple[int, ...] = (1, 2, 3, 5, 8)) -> go.Figure:
     return lines_chart(alphas, {tr(f"k = {k}"): [expected_tokens(a, k) for a in alphas]
                                 for k in ks},
                        tr("Tokens a step emits, by acceptance rate and drafts per step"),
-                       tr("acceptance rate (alpha)"), tr("expected tokens per step"))
+                       tr("acceptance rate (α)"), tr("expected tokens per step"))
 
 
 def speedup_chart(cost: CostModel, memory_bytes: float, alpha: float, context: int,
@@ -175,7 +179,7 @@ def speedup_chart(cost: CostModel, memory_bytes: float, alpha: float, context: i
     batches = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, most} & set(range(1, most + 1)))
     figure = lines_chart(batches, {tr(f"k = {k}"): [
         speculation(cost, alpha, k, b, context).speedup for b in batches] for k in ks},
-        tr(f"{cost.name}: speculation's speedup at acceptance {alpha}"),
+        tr(f"{tr(cost.name)}: speculation's speedup at acceptance {alpha}"),
         tr("requests in the batch"), tr("speedup over plain decoding"), log_x=True)
     figure.add_hline(y=1.0, line_dash="dot")
     return figure
