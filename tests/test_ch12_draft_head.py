@@ -11,10 +11,9 @@ the hit's last token were made from the other request's next token.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
+from test_ch12_speculative_engine import DRAFT_IDS, DRAFT_SCENARIOS, _hybrid, _specs, _target
 
 from course.tiny_model import TinyConfig, TinyModel, causal_attention, generate_contiguous
 from course.v1.chunked_engine import engine_requests, serve_chunked
@@ -23,7 +22,6 @@ from course.v1.draft_model import DraftHead
 from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
 from course.v1.kv_coordinator import KVCacheCoordinator
 from course.v1.speculative_engine import SpeculativeEngine
-from kernels.sliding_window_attention import window_attention_reference
 
 
 def _through(model: TinyModel, x: torch.Tensor) -> torch.Tensor:
@@ -77,36 +75,13 @@ def _serve(target: TinyModel, specs: list[tuple], k: int, num_blocks: int, block
     return head, proposals
 
 
-def _specs(seed: int, count: int, shared: int = 0) -> list[tuple]:
-    rng = random.Random(seed)
-    prefix = [rng.randrange(128) for _ in range(shared)]
-    return [((prefix if rng.random() < 0.6 else []) + [rng.randrange(128) for _ in
-                                                       range(rng.randint(1, 12))],
-             rng.randint(1, 16), rng.randint(0, 4)) for _ in range(count)]
-
-
-SCENARIOS = [
-    # (blocks in the pool, block size, tokens per step, drafts per step, windows, shared prefix)
-    (200, 4, 16, 4, None, 0),
-    (400, 1, 16, 3, None, 0),
-    (200, 2, 5, 4, None, 0),
-    (20, 2, 16, 4, None, 0),
-    (100, 4, 12, 3, None, 9),
-    (80, 2, 10, 4, (3, None), 6),
-]
-
-
 @pytest.mark.parametrize(("num_blocks", "block_size", "budget", "k", "windows", "shared"),
-                         SCENARIOS, ids=["blocks of 4", "blocks of 1", "chunked prefill",
-                                         "preemption", "prefix hits", "hybrid"])
+                         DRAFT_SCENARIOS, ids=DRAFT_IDS)
 def test_the_heads_drafts_are_the_ones_it_makes_over_whole_sequences(num_blocks, block_size,
                                                                     budget, k, windows, shared):
-    target = TinyModel(TinyConfig(num_layers=len(windows), windows=windows) if windows
-                       else TinyConfig(), seed=3)
-    hybrid = dict(kv_cache=HybridKVCacheCoordinator,
-                  window_attention=window_attention_reference) if windows else {}
+    target = _target(windows)
     head, proposals = _serve(target, _specs(block_size + k, 5, shared), k, num_blocks,
-                             block_size, budget, **hybrid)
+                             block_size, budget, **_hybrid(windows))
     made = [(tokens, drafts) for tokens, drafts in proposals if drafts]
     assert len(made) > 10
     for tokens, drafts in made:

@@ -29,6 +29,12 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from mutants.ch12 import (
+    _blocks_kept,
+    _drafts_cleared_before_counting,
+    _pulls_back_the_accepted,
+    _room_asked_from_the_chunks_end,
+)
 
 from course.experiments.kv_sizing import num_gpu_blocks
 from course.experiments.serving_sim import opt13b_a100_40gb
@@ -42,8 +48,7 @@ from course.experiments.spec_decode_cost import (
     speculation,
 )
 from course.v0.prefix_cache import prefix_keys
-from course.v1 import spec_decode
-from course.v1.chunked_scheduler import Chunk, ChunkedRequest, ChunkedScheduler, schedule_step
+from course.v1.chunked_scheduler import ChunkedRequest, ChunkedScheduler, schedule_step
 from course.v1.hybrid_coordinator import HybridKVCacheCoordinator
 from course.v1.kv_coordinator import NULL_BLOCK, KVCacheCoordinator
 from course.v1.spec_decode import (
@@ -361,39 +366,6 @@ def test_drafts_are_scheduled_verified_and_rolled_back_without_a_wrong_slot():
 # --- the KV side's rules broken one at a time: each is caught -------------------------------
 
 
-def _lookahead_past_the_first_token(scheduler, plan):
-    """Wrong: asks room for the drafts with the step's own token already counted computed, so
-    a sliding window frees a block that token still reads."""
-    budget = scheduler.max_num_batched_tokens - plan.total_num_scheduled_tokens
-    for index, chunk in enumerate(plan.chunks):
-        request = chunk.request
-        drafts = request.spec_token_ids[:budget]
-        if chunk.end != request.num_tokens or not drafts:
-            continue
-        request.spec_token_ids = drafts
-        if scheduler.kv_cache.allocate_slots(request, len(drafts)):
-            plan.chunks[index] = Chunk(request, chunk.start, chunk.num_tokens + len(drafts))
-            request.num_computed_tokens += len(drafts)
-            budget -= len(drafts)
-        else:
-            request.spec_token_ids = []
-    return plan
-
-
-def _rollback_keeping_the_count(scheduler, request, num_accepted):
-    """Wrong: frees the rejected drafts' blocks but counts their tokens computed."""
-    num_computed = request.num_computed_tokens
-    request.num_computed_tokens -= len(request.spec_token_ids) - num_accepted
-    spec_decode.rollback(scheduler, request, num_accepted)  # the blocks freed
-    request.num_computed_tokens = num_computed
-
-
-def _rollback_keeping_the_blocks(scheduler, request, num_accepted):
-    """Wrong: pulls the count back and keeps every block the drafts took."""
-    request.num_computed_tokens -= len(request.spec_token_ids) - num_accepted
-    request.spec_token_ids = []
-
-
 def _cache_blocks_with_drafts(self, request):
     """Wrong: caches the request's blocks by its tokens and drafts together."""
     if self.enable_caching and request.id in self.managers[0].tables:
@@ -405,12 +377,13 @@ def _cache_blocks_with_drafts(self, request):
 
 
 @pytest.mark.parametrize("name, wrong", [
-    ("schedule_lookahead", _lookahead_past_the_first_token),
-    ("rollback", _rollback_keeping_the_count),
-    ("rollback", _rollback_keeping_the_blocks),
+    ("schedule_lookahead", _room_asked_from_the_chunks_end),
+    ("rollback", _drafts_cleared_before_counting),
+    ("rollback", _pulls_back_the_accepted),
+    ("rollback", _blocks_kept),
     ("cache_blocks", _cache_blocks_with_drafts),
 ], ids=["window-frees-past-the-first-token", "rollback-keeps-the-count",
-        "rollback-keeps-the-blocks", "drafts-cached"])
+        "rollback-pulls-back-the-accepted", "rollback-keeps-the-blocks", "drafts-cached"])
 def test_each_rule_of_the_kv_side_broken_is_caught(name, wrong, monkeypatch):
     if name == "cache_blocks":
         monkeypatch.setattr(KVCacheCoordinator, "cache_blocks", _cache_blocks_with_drafts)

@@ -22,6 +22,7 @@ import random
 
 import pytest
 import torch
+from mutants.ch12 import _blocks_kept, _drafts_cleared_before_counting, _pulls_back_the_accepted
 
 from course.tiny_model import TinyConfig, TinyModel, generate_contiguous
 from course.v1 import spec_decode
@@ -184,26 +185,13 @@ def _verify_emitting_every_choice(self, plan):
         spec_decode.rollback(self.scheduler, request, min(len(drafts), len(choices)))
 
 
-def _rollback_forgetting_the_count(scheduler, request, num_accepted):
-    """Wrong: frees the blocks past the computed tokens, counting the rejected ones computed."""
-    num_computed = request.num_computed_tokens
-    request.num_computed_tokens -= len(request.spec_token_ids) - num_accepted
-    spec_decode.rollback(scheduler, request, num_accepted)  # the blocks freed
-    request.num_computed_tokens = num_computed
-
-
-def _rollback_forgetting_the_blocks(scheduler, request, num_accepted):
-    """Wrong: pulls the count back and keeps the blocks (the books stay balanced: a block
-    held, never freed)."""
-    request.num_computed_tokens -= len(request.spec_token_ids) - num_accepted
-    request.spec_token_ids = []
-
-
 @pytest.mark.parametrize("where, wrong", [
     ("verify", _verify_emitting_every_choice),
-    ("rollback", _rollback_forgetting_the_count),
-    ("rollback", _rollback_forgetting_the_blocks),
-], ids=["emits-every-choice", "rollback-forgets-the-count", "rollback-keeps-the-blocks"])
+    ("rollback", _drafts_cleared_before_counting),
+    ("rollback", _pulls_back_the_accepted),
+    ("rollback", _blocks_kept),
+], ids=["emits-every-choice", "rollback-keeps-the-count", "rollback-pulls-back-the-accepted",
+        "rollback-keeps-the-blocks"])
 def test_a_wrong_verification_or_rollback_is_caught(where, wrong, monkeypatch):
     if where == "verify":
         monkeypatch.setattr(SpeculativeEngine, "verify", wrong)
