@@ -169,7 +169,7 @@ class ChunkedEngine:
         self.scheduler = ChunkedScheduler(
             num_blocks, block_size, max_num_batched_tokens, max_num_seqs,
             kv_cache(num_blocks, block_size, kinds, enable_caching))
-        self.pool = KVPool.empty(model, num_blocks, block_size, len(self.group_layers[0]))
+        self.pool = self.empty_pool(num_blocks, block_size, len(self.group_layers[0]))
         self.attention = attention or default_attention(model.embedding.device)
         self.window_attention = window_attention
         self.schedule = schedule or schedule_step
@@ -183,6 +183,11 @@ class ChunkedEngine:
     @property
     def kv_cache(self) -> KVCacheCoordinator:
         return self.scheduler.kv_cache
+
+    def empty_pool(self, num_blocks: int, block_size: int, places: int) -> KVPool:
+        """The pool's tensors, ``places`` layers' worth (chapter 13's engines store K/V in
+        other forms)."""
+        return KVPool.empty(self.model, num_blocks, block_size, places)
 
     def build_batch(self, plan: Schedule) -> VarlenBatch:
         """The step's batch, on the model's device: the first group's, with every group's
@@ -211,14 +216,19 @@ class ChunkedEngine:
                batch: VarlenBatch) -> torch.Tensor:
         """Layer ``layer``'s attention, as vLLM's ``Attention`` layer runs it: write the new
         tokens' ``k`` and ``v`` at the batch's slots in the layer's group (chapter 6's
-        ``write_kv``) before attending, since each token attends to itself; then
-        ``self.attention`` over the layer's place in the pool, through its group's block
-        tables, within its window if it has one. A connector waits and saves around it
+        ``write_kv``) before attending, since each token attends to itself; then read
+        (``read_attention``). A connector waits and saves around it
         (``course.v1.connector_engine``)."""
         group, place = self.place[layer]
         k_cache, v_cache = self.pool.k[place], self.pool.v[place]
-        tables = batch.group_tables[group]
         write_kv(k_cache, v_cache, k, v, batch.group_slots[group])
+        return self.read_attention(layer, q, k_cache, v_cache, batch)
+
+    def read_attention(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
+        """``self.attention`` of ``q`` over the layer's K/V in ``k_cache`` and ``v_cache``,
+        through its group's block tables, within its window if it has one."""
+        tables = batch.group_tables[self.place[layer][0]]
         window = self.model.config.window(layer)
         if window is None:
             return self.attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
