@@ -1,5 +1,7 @@
-"""Compile the course's kernels (chapters 7 and 9, chapter 9's with chapter 10's window) or
-your own, for NVIDIA GPUs, on any machine.
+"""Compile the course's kernels, or your own, for NVIDIA GPUs on any machine.
+
+The course's: chapters 7 and 9 (chapter 9's with chapter 10's window), and chapter 13's MLA
+decode over plain and FP8 records at DeepSeek-V3's shapes.
 
 Triton's interpreter runs a kernel as NumPy and accepts code that NVIDIA's compiler rejects (a
 ``tl.dot`` whose reduced dimension K is under 16 for 16-bit inputs, say). Compiling for a
@@ -17,6 +19,7 @@ process)::
     from kernels import compile_check
     compile_check.check(paged_attention_kernel)                    # fp16, blocks of 16
     compile_check.check(paged_attention_kernel, dtype="fp32", block_size=8)
+    compile_check.check(mla_decode_kernel, dtype="fp8", block_size=64)   # DeepSeek-V3's
 
 Each line names the target, kernel, dtype and constants, then what ``tl.dot`` became (tensor
 -core ``mma`` instructions, or plain FMA where the GPU has none for that dtype), the shared
@@ -76,11 +79,25 @@ VARLEN = ("out_ptr:data", "query_ptr:data", "k_cache_ptr:data", "v_cache_ptr:dat
           "HEAD_DIM:constexpr", "HEAD_PAD:constexpr", "FIRST_KEY:constexpr")
 FIRST_KEYS = {"all_keys": ("kernels.varlen_attention", "all_keys"),
               "window_first_key": ("kernels.sliding_window_attention", "window_first_key")}
+# Chapter 13's decode over a paged MLA cache: known by its parameter names too. Its dtype is
+# the query's and a plain cache's ("bf16"), or "fp8": FP8 records (a uint8 cache, its scales
+# read as float32 and its rotary key as bfloat16) under a bf16 query. Its DECODE is a jit
+# function named in DECODERS.
+MLA = ("out_ptr:data", "query_ptr:data", "cache_ptr:cache", "scales_ptr:*fp32",
+       "rope_ptr:*bf16", "block_tables_ptr:index", "seq_lens_ptr:index", "scale:fp32",
+       "stride_q_seq:i32", "stride_q_head:i32", "stride_out_seq:i32", "stride_out_head:i32",
+       "stride_kv_block:i32", "stride_kv_token:i32", "stride_table_seq:i32",
+       "NUM_HEADS:constexpr", "HEAD_TILE:constexpr", "BLOCK_SIZE:constexpr",
+       "BLOCK_PAD:constexpr", "RANK:constexpr", "RANK_PAD:constexpr", "ROPE:constexpr",
+       "ROPE_PAD:constexpr", "FP8:constexpr", "TILE:constexpr", "SCALES_AT:constexpr",
+       "ROPE_AT:constexpr", "DECODE:constexpr")
+DECODERS = {"e4m3_to_float": ("kernels.mla_decode", "e4m3_to_float")}
 
 
 def _contract(names: list[str]) -> tuple[str, ...]:
-    if list(names) == [role.split(":")[0] for role in VARLEN]:
-        return VARLEN
+    for contract in (VARLEN, MLA):
+        if list(names) == [role.split(":")[0] for role in contract]:
+            return contract
     if len(names) not in CONTRACTS:
         raise ValueError(f"a chapter-7 kernel takes {sorted(CONTRACTS)} arguments; this one "
                          f"takes {len(names)}: {', '.join(names)}")
@@ -92,10 +109,14 @@ def head_pad(head_dim: int) -> int:
 
 
 def constants_for(names: list[str], block_size: int = 16, head_dim: int = 128,
-                  group: int = 4, splits: int = 4, first_key: str = "all_keys"
-                  ) -> dict[str, int | str]:
+                  group: int = 4, splits: int = 4, first_key: str = "all_keys",
+                  dtype: str | None = None) -> dict[str, int | str]:
     """The constexpr values of a kernel with parameter ``names`` at these sizes (a varlen
-    kernel's ``FIRST_KEY`` by its name in ``FIRST_KEYS``)."""
+    kernel's ``FIRST_KEY`` by its name in ``FIRST_KEYS``); an MLA kernel's are
+    ``mla_constants`` at DeepSeek-V3's shapes with blocks of ``block_size``, its records FP8
+    where ``dtype`` is "fp8"."""
+    if _contract(names) == MLA:
+        return mla_constants(dtype == "fp8", block_size)
     values = {"GROUP": group, "GROUP_PAD": 1 << (group - 1).bit_length(),
               "BLOCK_SIZE": block_size, "BLOCK_PAD": head_pad(block_size),
               "HEAD_DIM": head_dim, "HEAD_PAD": head_pad(head_dim),
@@ -107,13 +128,30 @@ def constants_for(names: list[str], block_size: int = 16, head_dim: int = 128,
             if role.endswith(":constexpr")}
 
 
+def mla_constants(fp8: bool, block_size: int = 64, num_heads: int = 128, head_tile: int = 16,
+                  rank: int = 512, rope: int = 64, tile: int = 128,
+                  decode: str = "e4m3_to_float") -> dict[str, int | str]:
+    """The constexpr values of chapter 13's MLA decode kernel as ``mla_decode`` launches it,
+    by default at DeepSeek-V3's shapes (128 heads, rank 512, rope 64, FP8 tiles of 128: a
+    656-byte record); ``decode`` by its name in ``DECODERS``."""
+    scales_at, rope_at = (rank, rank + 4 * (rank // tile)) if fp8 else (0, rank)
+    return {"NUM_HEADS": num_heads, "HEAD_TILE": head_tile, "BLOCK_SIZE": block_size,
+            "BLOCK_PAD": head_pad(block_size), "RANK": rank, "RANK_PAD": head_pad(rank),
+            "ROPE": rope, "ROPE_PAD": head_pad(rope), "FP8": fp8, "TILE": tile if fp8 else 1,
+            "SCALES_AT": scales_at, "ROPE_AT": rope_at, "DECODE": decode}
+
+
 def signature_for(names: list[str], dtype: str) -> dict[str, str]:
     """Triton types by position: the data pointers ``*dtype``, partials ``*fp32``, tables
-    and lengths ``*i32``, an fp32 scale, i32 strides and counts."""
+    and lengths ``*i32``, an fp32 scale, i32 strides and counts; an MLA cache ``*dtype``,
+    or ``*u8`` with the dtype "fp8" (then a bf16 query and output)."""
+    data = "bf16" if dtype == "fp8" else dtype
+    cache = "u8" if dtype == "fp8" else dtype
     types_ = {}
     for name, role in zip(names, _contract(names), strict=True):
         kind = role.split(":")[1]
-        types_[name] = {"data": f"*{dtype}", "index": "*i32"}.get(kind, kind)
+        types_[name] = {"data": f"*{data}", "cache": f"*{cache}", "index": "*i32"}.get(kind,
+                                                                                     kind)
     return types_
 
 
@@ -130,17 +168,18 @@ def _source(kernel, dtype: str, constants: dict[str, int] | None):
     from triton.compiler import ASTSource
 
     names = [p.name for p in kernel.params]
-    constants = constants if constants is not None else constants_for(names)
-    constants = {name: _first_key(value) if isinstance(value, str) else value
+    constants = constants if constants is not None else constants_for(names, dtype=dtype)
+    constants = {name: _jit_constant(value) if isinstance(value, str) else value
                  for name, value in constants.items()}
     return ASTSource(fn=kernel, signature=signature_for(names, dtype), constexprs=constants)
 
 
-def _first_key(name: str):
-    """The jit function ``FIRST_KEYS`` names, imported as compiled (not interpreted)."""
+def _jit_constant(name: str):
+    """The jit function ``FIRST_KEYS`` or ``DECODERS`` names, imported as compiled (not
+    interpreted)."""
     import importlib
 
-    module, function = FIRST_KEYS[name]
+    module, function = {**FIRST_KEYS, **DECODERS}[name]
     return getattr(importlib.import_module(module), function)
 
 
@@ -281,7 +320,8 @@ def inspect_kernel(kernel, dtype: str = "fp16", constants: dict[str, int] | None
     whole compile: ``dot`` (which instructions ``tl.dot`` became) and ``shared`` bytes."""
     names = [p.name for p in kernel.params]
     result = {"kernel": kernel.__name__, "target": target, "dtype": dtype,
-              "constants": constants if constants is not None else constants_for(names),
+              "constants": (constants if constants is not None
+                            else constants_for(names, dtype=dtype)),
               "error": None, "products": []}
     try:
         text = ttir(kernel, dtype, result["constants"], _target(target))
@@ -381,7 +421,7 @@ def inspect_anywhere(kernel, dtype: str = "fp16", constants: dict[str, int] | No
     fn = _function(kernel)
     text = source_of(kernel)
     names = list(inspect.signature(fn).parameters)
-    constants = constants if constants is not None else constants_for(names)
+    constants = constants if constants is not None else constants_for(names, dtype=dtype)
     answer = json.loads(_inspect_source(text, fn.__name__, dtype,
                                         json.dumps(constants, sort_keys=True), target, full))
     start = next((i for i, line in enumerate(text.splitlines(), 1)
@@ -417,12 +457,13 @@ def describe(result: dict) -> str:
 def check(kernel, dtype: str = "fp16", block_size: int = 16, head_dim: int = 128,
           group: int = 4, targets: tuple[str, ...] = tuple(TARGETS), full: bool = True
           ) -> bool:
-    """Compile your ``kernel`` (any chapter-7 kernel, defined in a notebook or a module) for
-    each GPU target at these sizes, print one line per target, and return whether it
-    compiled everywhere with block offsets in int64. Works on the interpreter too: the
-    compile runs in a fresh process, from the kernel's source."""
+    """Compile your ``kernel`` (any chapter-7 kernel, or chapter 13's MLA decode at
+    DeepSeek-V3's shapes, FP8 records with ``dtype="fp8"``; defined in a notebook or a
+    module) for each GPU target at these sizes, print one line per target, and return
+    whether it compiled everywhere with block offsets in int64. Works on the interpreter
+    too: the compile runs in a fresh process, from the kernel's source."""
     names = list(inspect.signature(_function(kernel)).parameters)
-    constants = constants_for(names, block_size, head_dim, group)
+    constants = constants_for(names, block_size, head_dim, group, dtype=dtype)
     good = True
     for target in targets:
         found = inspect_anywhere(kernel, dtype, constants, target, full)
@@ -437,8 +478,9 @@ def check(kernel, dtype: str = "fp16", block_size: int = 16, head_dim: int = 128
 
 def configurations(quick: bool = False):
     """(kernel, dtype, constants) for every kernel at the benchmark's shapes and the head
-    sizes of production models; ``quick``: one shape per kernel and dtype, a head size of
-    80, and the largest head for the final kernel."""
+    sizes of production models, chapter 13's MLA decode at DeepSeek-V3's (bf16 records and
+    FP8 ones); ``quick``: one shape per kernel and dtype, a head size of 80, and the largest
+    head for the final kernel."""
     from kernels.paged_attention import paged_attention_kernel
     from kernels.paged_attention_steps import block_loop_kernel, gqa_kernel, one_block_kernel
     from kernels.split_kv import merge_splits_kernel, split_kv_kernel
@@ -471,6 +513,11 @@ def configurations(quick: bool = False):
         names = [p.name for p in merge_splits_kernel.params]
         yield merge_splits_kernel, dtype, constants_for(names, head_dim=head_dim,
                                                         splits=splits)
+    from kernels.mla_decode import mla_decode_kernel
+
+    # DeepSeek-V3's blocks of 64 (FlashMLA's) and chapter 7's 16, 16 heads per program
+    for block_size, dtype in itertools.product((64,) if quick else (16, 64), ("bf16", "fp8")):
+        yield mla_decode_kernel, dtype, mla_constants(dtype == "fp8", block_size)
 
 
 def _load(path: str) -> types.ModuleType:
@@ -482,10 +529,19 @@ def _load(path: str) -> types.ModuleType:
     return module
 
 
+def _known(kernel) -> bool:
+    """Whether ``kernel``'s parameters follow one of the contracts above."""
+    try:
+        _contract([p.name for p in kernel.params])
+    except ValueError:
+        return False
+    return True
+
+
 def _kernels_of(module: types.ModuleType, wanted: list[str]) -> list:
     found = [v for n, v in vars(module).items() if _is_kernel(v)
              and getattr(v.fn, "__module__", None) == module.__name__
-             and len(v.params) in CONTRACTS and (not wanted or n in wanted)]
+             and _known(v) and (not wanted or n in wanted)]
     missing = set(wanted) - {k.__name__ for k in found}
     if missing:
         raise SystemExit(f"no chapter-7 kernel named {', '.join(sorted(missing))} in "
@@ -498,7 +554,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="one shape per kernel and dtype")
     parser.add_argument("--module", help="compile the kernels of this Python file instead")
     parser.add_argument("--kernel", action="append", default=[], help="only this kernel")
-    parser.add_argument("--dtype", choices=DTYPES, help="only this dtype (--module: fp16)")
+    parser.add_argument("--dtype", choices=(*DTYPES, "fp8"),
+                        help="only this dtype (--module: fp16; fp8: chapter 13's FP8 records)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--group", type=int, default=4)
@@ -516,7 +573,8 @@ def main(argv: list[str]) -> int:
         for kernel in _kernels_of(_load(args.module), args.kernel):
             names = [p.name for p in kernel.params]
             constants = (json.loads(args.constants) if args.constants else
-                         constants_for(names, args.block_size, args.head_dim, args.group))
+                         constants_for(names, args.block_size, args.head_dim, args.group,
+                                       dtype=args.dtype))
             jobs.append((kernel, args.dtype or "fp16", constants))
         full = args.full or not args.json
     else:

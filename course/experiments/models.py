@@ -78,6 +78,26 @@ MODELS: dict[str, ModelConfig] = {
         ModelConfig("DeepSeek-V2", 60, 128, 128, 128, 236e9,
                     _hf("deepseek-ai/DeepSeek-V2") + "; parameters: DeepSeek-AI 2024, DeepSeek-V2",
                     kv_lora_rank=512, qk_rope_head_dim=64),
+        # Chapter 13's large models: two MLA models and two GQA models of similar size. For MLA
+        # models ``num_kv_heads`` and ``head_dim`` are, as for DeepSeek-V2, the config's
+        # num_key_value_heads and qk_nope_head_dim (= v_head_dim): the per-head K and V the
+        # latent is expanded to, which the cache does not store.
+        ModelConfig("DeepSeek-V3", 61, 128, 128, 128, 671e9,
+                    _hf("deepseek-ai/DeepSeek-V3") + " (qk_nope_head_dim 128, v_head_dim 128); "
+                    "parameters: DeepSeek-AI 2024, DeepSeek-V3 Technical Report (671B total, "
+                    "37B activated)",
+                    kv_lora_rank=512, qk_rope_head_dim=64),
+        ModelConfig("Kimi-K2", 61, 64, 64, 128, 1.04e12,
+                    _hf("moonshotai/Kimi-K2-Instruct") + " (qk_nope_head_dim 128, v_head_dim "
+                    "128); parameters: Kimi K2 technical report, 1.04T total (its model card "
+                    "rounds to 1T total, 32B activated)",
+                    kv_lora_rank=512, qk_rope_head_dim=64),
+        ModelConfig("Qwen3-235B-A22B", 94, 64, 4, 128, 235e9,
+                    _hf("Qwen/Qwen3-235B-A22B") + "; parameters: its model card (235B total, "
+                    "22B activated)"),
+        ModelConfig("Llama-3.1-405B", 126, 128, 8, 128, 405e9,
+                    _hf("meta-llama/Llama-3.1-405B") + " (head_dim: hidden_size 16384 / 128 "
+                    "heads); parameters: its model card"),
     ]
 }
 
