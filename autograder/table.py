@@ -104,6 +104,9 @@ PARTS = {parts.slug: parts for parts in [
         skeleton="course.v1.offloading_connector:OffloadingConnectorScheduler"),
     Parts("12_speculative_decoding", _all("course.v1.spec_decode", "ngram_propose",
                                           "accept_greedy", "schedule_lookahead", "rollback")),
+    Parts("13_compressed_kv", _all("course.v1.kv_quant", "kv_scale", "quantize_fp8") | _all(
+        "course.v1.mla_engine", "absorbed_decode") | _all(
+        "kernels.latent_record", "pack_latent_fp8") | _all("kernels.mla_decode", "e4m3_to_float")),
 ]}
 
 
