@@ -234,11 +234,10 @@ def byte_probe(fn: Callable) -> torch.Tensor:
     return decode_bytes(torch.arange(256, dtype=torch.int32).to(torch.uint8), fn)
 
 
-def kernel_rows(decode: Callable, seed: int = 0) -> list[dict]:
-    """The decode kernel over FP8 records (the tiny model's shapes: a latent of 32 in tiles
-    of 16, a rotary key of 8), its bytes turned into floats by ``decode``, against PyTorch
-    over the same records: the largest difference, per shape."""
-    from kernels.latent_record import pack_latent_fp8
+def kernel_rows(decode: Callable, pack: Callable, seed: int = 0) -> list[dict]:
+    """The decode kernel over FP8 records written by ``pack`` (the tiny model's shapes: a
+    latent of 32 in tiles of 16, a rotary key of 8), its bytes turned into floats by
+    ``decode``, against PyTorch over the same records: the largest difference, per shape."""
     from kernels.mla_decode import mla_decode, mla_decode_reference
 
     record, gen, rows = LatentRecord(32, 8, 16), torch.Generator().manual_seed(seed), []
@@ -248,7 +247,7 @@ def kernel_rows(decode: Callable, seed: int = 0) -> list[dict]:
         num_blocks = sequences * per_seq + 1
         latent = torch.randn(num_blocks * block_size, 32, generator=gen)
         rope = torch.randn(num_blocks * block_size, 8, generator=gen)
-        cache = pack_latent_fp8(latent, rope, record).reshape(num_blocks, block_size, -1)
+        cache = pack(latent, rope, record).reshape(num_blocks, block_size, -1)
         tables = (torch.randperm(num_blocks - 1, generator=gen)[:sequences * per_seq] + 1
                   ).reshape(sequences, per_seq).to(torch.int32)
         query = torch.randn(sequences, heads, 40, generator=gen)
