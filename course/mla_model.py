@@ -20,7 +20,7 @@ up-projection comes after the weighted sum of latents. ``course.v1.mla_engine`` 
 model that way; ``generate_full_kv`` here computes the keys and values the long way.
 
 Weights are random from a fixed seed, as chapter 8's model's (``course.tiny_model``), whose
-norm, rotary embedding and MLP this model shares.
+norm, rotary embedding, MLP, embedding and logits this model shares.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.tiny_model import _rms_norm, causal_attention, rope
+from course.tiny_model import TinyModel, _rms_norm, causal_attention, rope
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,10 @@ class TinyMLAModel:
         self.lm_head = weight(c.vocab_size, c.hidden, gain=4.0)
         self.scale = 1 / math.sqrt(qk_dim)  # a head's query and key have nope + rope values
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embedding[tokens.long()]
+    # the token embedding, the rest of a layer after attention, the logits: chapter 8's model's
+    embed = TinyModel.embed
+    finish_layer = TinyModel.finish_layer
+    logits = TinyModel.logits
 
     def qkv(self, layer: int, x: torch.Tensor, positions: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,18 +112,6 @@ class TinyMLAModel:
         k_rope = k_pe[:, None, :].expand(-1, self.config.num_heads, -1)
         return torch.cat([k_nope, k_rope], dim=-1), torch.einsum("tr,hvr->thv", latent,
                                                                   w["w_uv"])
-
-    def finish_layer(self, layer: int, x: torch.Tensor, attention: torch.Tensor
-                     ) -> torch.Tensor:
-        """The residual stream after the layer, given its attention output [n, heads, v_dim]."""
-        w = self.layers[layer]
-        x = x + attention.flatten(1) @ w["wo"].T
-        h = _rms_norm(x)
-        gated = torch.nn.functional.silu(h @ w["w_gate"].T) * (h @ w["w_up"].T)
-        return x + gated @ w["w_down"].T
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x) @ self.lm_head.T
 
 
 def generate_full_kv(model: TinyMLAModel, prompt: list[int], max_new_tokens: int
