@@ -48,6 +48,7 @@ class ChunkedRequest:
     logits: list[Any] = field(default_factory=list)
     num_computed_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify next step
+    cache_salt: str | None = None  # a tenant's: its blocks are hashed apart (chapter 14)
 
     @property
     def tokens(self) -> list[int]:

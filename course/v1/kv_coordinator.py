@@ -298,9 +298,14 @@ class KVCacheCoordinator:
         known = self.keys.get(request.id)
         if known is None or len(known[1]) < count or tokens[:len(known[0])] != known[0]:
             covered = tokens[:len(tokens) // self.block_size * self.block_size]
-            known = (covered, prefix_keys(covered, self.block_size))
+            known = (covered, self.hash_blocks(request, covered))
             self.keys[request.id] = known
         return known[1][:count]
+
+    def hash_blocks(self, request: Request, tokens: list[int]) -> list[str]:
+        """The keys of the full blocks of ``tokens``, a prefix of ``request``'s: chapter 4's
+        chained keys (chapter 14's fleet hashes them as every engine of a fleet must)."""
+        return prefix_keys(tokens, self.block_size)
 
     def block_table(self, request_id: int, group: int = 0) -> list[int]:
         return self.managers[group].tables[request_id]
