@@ -17,7 +17,8 @@ raises no event.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import Any
 
 from course.v1.block_hash import FLEET_SEED, none_hash, request_block_hashes
@@ -35,7 +36,7 @@ class EventBlockPool(BlockPool):
         self.removed: list[bytes] = []
 
     def get_new_blocks(self, count: int) -> list[int]:
-        evicted = [self.key_of[block][1] for block in list(self.free_queue)[:count]
+        evicted = [self.key_of[block][1] for block in islice(self.free_queue, count)
                    if block in self.key_of]
         blocks = super().get_new_blocks(count)
         self.removed.extend(evicted)
@@ -50,20 +51,23 @@ class EventBlockPool(BlockPool):
 
 class FleetKVCacheCoordinator(KVCacheCoordinator):
     """The KV cache of one engine of a fleet whose engines share ``seed``
-    (``course.v1.block_hash.FLEET_SEED`` unless told otherwise)."""
+    (``course.v1.block_hash.FLEET_SEED`` unless told otherwise), hashing blocks with
+    ``hasher`` (the chapter's ``request_block_hashes``; a notebook gives its own)."""
 
     def __init__(self, num_blocks: int, block_size: int,
                  windows: Sequence[int | None] = (None,), enable_caching: bool = True,
-                 seed: str = FLEET_SEED) -> None:
+                 seed: str = FLEET_SEED,
+                 hasher: Callable[..., list[bytes]] = request_block_hashes) -> None:
         super().__init__(num_blocks, block_size, windows, enable_caching)
         self.pool = EventBlockPool(num_blocks)
         self.managers = [self.manager_for(group, window) for group, window in enumerate(windows)]
         self.first_parent = none_hash(seed)
+        self.hasher = hasher
         self.events: list[Any] = []
 
     def hash_blocks(self, request: Request, tokens: list[int]) -> list[bytes]:
-        return request_block_hashes(tokens, self.block_size, self.first_parent,
-                                    cache_salt=getattr(request, "cache_salt", None))
+        return self.hasher(tokens, self.block_size, self.first_parent,
+                           cache_salt=getattr(request, "cache_salt", None))
 
     def cache_blocks(self, request: Request) -> None:
         """Chapter 9's ``cache_blocks``, then a ``BlockStored`` for each run of blocks it

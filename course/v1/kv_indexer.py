@@ -134,7 +134,8 @@ class KVIndexer:
                 for engine in self.blocks}
 
     @classmethod
-    def restore(cls, snapshot: dict[int, tuple[int, list[bytes]]]) -> KVIndexer:
+    def restore(cls, snapshot: dict[int, tuple[int, list[bytes]]]) -> "KVIndexer":  # noqa: UP037
+        # (quoted: a notebook's skeleton of this class runs without postponed annotations)
         """An index as ``snapshot`` left it; the batches since come by replay."""
         index = cls()
         for engine, (last, hashes) in snapshot.items():

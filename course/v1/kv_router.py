@@ -25,7 +25,7 @@ notebook renders its cells from them, and a learner edition replaces them with s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from course.v1.kv_indexer import KVIndexer
@@ -54,13 +54,17 @@ def choose_engine(overlaps: dict[int, int], active_blocks: dict[int, int], num_t
 class Router:
     """Routes requests to ``num_engines`` engines by ``policy`` (one of ``POLICIES``),
     counting each engine's active blocks as Dynamo's router does: a request's blocks from
-    its routing until ``finish``."""
+    its routing until ``finish``; engines in ``down`` (failed, not yet back) get nothing:
+    round robin skips them, the other policies choose among the rest. ``index`` and
+    ``choose`` are the chapter's (a notebook gives its own)."""
 
     num_engines: int
     block_size: int
     policy: str = "kv"
     overlap_score_weight: float = 1.0
     index: KVIndexer = field(default_factory=KVIndexer)
+    choose: Callable[..., int] = choose_engine
+    down: set[int] = field(default_factory=set)
     active_blocks: dict[int, int] = field(default_factory=dict)
     turn: int = 0
 
@@ -74,13 +78,19 @@ class Router:
     def route(self, block_hashes: Sequence[bytes], num_tokens: int) -> int:
         """The engine for a request of ``num_tokens`` prompt tokens whose full blocks hash to
         ``block_hashes``; its blocks count as that engine's from now."""
+        live = [e for e in range(self.num_engines) if e not in self.down]
+        if not live:
+            raise RuntimeError("no live engine to route to")
         if self.policy == "round_robin":
+            while self.turn in self.down:
+                self.turn = (self.turn + 1) % self.num_engines
             engine, self.turn = self.turn, (self.turn + 1) % self.num_engines
         elif self.policy == "least_loaded":
-            engine = min(range(self.num_engines), key=lambda e: (self.active_blocks[e], e))
+            engine = min(live, key=lambda e: (self.active_blocks[e], e))
         else:
-            engine = choose_engine(self.index.overlap_blocks(block_hashes), self.active_blocks,
-                                   num_tokens, self.block_size, self.overlap_score_weight)
+            engine = self.choose(self.index.overlap_blocks(block_hashes),
+                                 {e: self.active_blocks[e] for e in live}, num_tokens,
+                                 self.block_size, self.overlap_score_weight)
         self.active_blocks[engine] += math.ceil(num_tokens / self.block_size)
         return engine
 
