@@ -107,6 +107,10 @@ PARTS = {parts.slug: parts for parts in [
     Parts("13_compressed_kv", _all("course.v1.kv_quant", "kv_scale", "quantize_fp8") | _all(
         "course.v1.mla_engine", "absorbed_decode") | _all(
         "kernels.latent_record", "pack_latent_fp8") | _all("kernels.mla_decode", "e4m3_to_float")),
+    Parts("14_fleet_of_engines", _all(
+        "course.v1.block_hash", "hash_block_tokens", "request_block_hashes") | _all(
+        "course.v1.kv_indexer:KVIndexer", "apply_batch", "overlap_blocks") | _all(
+        "course.v1.kv_router", "choose_engine"), skeleton="course.v1.kv_indexer:KVIndexer"),
 ]}
 
 
