@@ -2,7 +2,7 @@
 
 The indexer is fed by every engine's KV events (``course.v1.kv_events``) and answers one
 question per request: for each engine, how many of the request's leading blocks it holds
-(NVIDIA Dynamo's ``KvIndexer``, ``docs/architecture/kv_cache_routing.md``). Block hashes are
+(NVIDIA Dynamo's ``KvIndexer``, in its KV cache routing architecture notes). Block hashes are
 chained (``course.v1.block_hash``), so a block's hash names its whole prefix: a hash held
 means the prefix up to it is held, and a lookup walks the request's hashes from the first
 and stops, for each engine, at its first miss (a radix tree keyed by hash does the same walk).

@@ -5,7 +5,7 @@ Three policies over the same engines:
 * **round robin**: engine 0, 1, 2, ... in turn; blind to caches and load;
 * **least loaded**: the engine with the fewest active blocks (those of requests routed to it
   and not finished, as the router counts them);
-* **KV-aware**, NVIDIA Dynamo's cost (``docs/architecture/kv_cache_routing.md``, the router's
+* **KV-aware**, NVIDIA Dynamo's cost (its KV cache routing architecture notes and the router's
   design notes, 2025-2026): for each engine ``e``, from the index's overlap (its leading
   blocks of the request, ``course.v1.kv_indexer``)::
 
