@@ -187,7 +187,7 @@ def check_hash_block_tokens_thoroughly(fn: Callable) -> None:
     ASCII."""
     for case in HASH_CASES:
         run_hash(fn, case, _hash_answers(case))
-    for_all(_blocks(), lambda block: _drawn_hash(fn, block), max_examples=200)
+    for_all(_blocks(), lambda block: _drawn_hash(fn, block), max_examples=100)
 
 
 def _hash_answers(case: dict) -> tuple:
@@ -441,7 +441,7 @@ def check_apply_batch_thoroughly(cls: type) -> None:
     each engine's blocks and last_seq, and engines agreeing with blocks, no empty set left."""
     for _, run in BATCH_SCRIPTS:
         run_script(cls, run, batch_case(run))
-    run_stateful(_batch_machine(cls), max_examples=100, steps=30)
+    run_stateful(_batch_machine(cls), max_examples=50, steps=30)
     for run in LONG_RUNS:
         run_script(cls, run, batch_case(run))
 
