@@ -167,15 +167,21 @@ def hash_call(case: dict) -> str:
 
 def run_hash(fn: Callable, case: dict, answers: tuple) -> None:
     """``fn`` on ``case`` against ``answers`` (the hash, what the known mistakes give)."""
-    expected, known = answers
     tokens = np.array(case["tokens"], dtype=np.int64) if case["numpy"] else list(case["tokens"])
-    call = f"{hash_call(case)} ({case['text']})"
+    expect_hash(fn, f"{hash_call(case)} ({case['text']})", parent_bytes(case["parent"]), tokens,
+                case["extra"], answers)
+
+
+def expect_hash(fn: Callable, call: str, parent: bytes, tokens: object, extra: object,
+                answers: tuple) -> None:
+    """``fn(parent, tokens, extra)``, shown as ``call``, against ``answers`` (the hash, what
+    the known mistakes give)."""
+    expected, known = answers
     try:
-        got = learner_call("hash_block_tokens", fn, parent_bytes(case["parent"]), tokens,
-                           case["extra"])
+        got = learner_call("hash_block_tokens", fn, parent, tokens, extra)
     except LearnerRaised as failure:
         python = (" Token ids go in as Python ints, int(t): CBOR knows no NumPy integer."
-                  if case["numpy"] else "")
+                  if isinstance(tokens, np.ndarray) else "")
         raise AssertionError(f"{failure}, when called as {call}.{python} {HASH_IDEA}"
                              ) from None
     wrong = _a_hash(call, got, HASH_IDEA)

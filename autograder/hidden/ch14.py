@@ -26,9 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from autograder.checks._contract import INT, expect_cases
 from autograder.checks._helpers import (
-    LearnerRaised,
     for_all,
-    learner_call,
     mistakes,
     run_stateful,
 )
@@ -39,13 +37,10 @@ from autograder.checks.ch14 import (
     CHOOSE_CASES,
     CHOOSE_IDEA,
     HASH_CASES,
-    HASH_IDEA,
     OVERLAP_HOLDINGS,
     OVERLAP_REQUESTS,
     IndexHarness,
-    _a_hash,
-    _equal,
-    _said,
+    expect_hash,
     hex_of,
     parent_bytes,
     run_chain,
@@ -161,22 +156,9 @@ def _drawn_hash(fn: Callable, block: tuple) -> None:
     import numpy as np
 
     parent, tokens, extra, form = block
-    expected, known = hash_case(parent, tokens, extra)
     given = {"list": list, "tuple": tuple, "numpy": lambda t: np.array(t, dtype=np.int64)}
-    call = (f"hash_block_tokens({hex_of(parent)}, {form} {tokens}, {extra!r})")
-    try:
-        got = learner_call("hash_block_tokens", fn, parent, given[form](tokens), extra)
-    except LearnerRaised as failure:
-        python = (" Token ids go in as Python ints, int(t): CBOR knows no NumPy integer."
-                  if form == "numpy" else "")
-        raise AssertionError(f"{failure}, when called as {call}.{python} {HASH_IDEA}"
-                             ) from None
-    wrong = _a_hash(call, got, HASH_IDEA)
-    if wrong:
-        raise AssertionError(wrong)
-    if not _equal(got, expected):
-        raise AssertionError(f"{call} returned {hex_of(got)}, expected {hex_of(expected)}. "
-                             f"{_said(got, known, HASH_IDEA)}")
+    expect_hash(fn, f"hash_block_tokens({hex_of(parent)}, {form} {tokens}, {extra!r})", parent,
+                given[form](tokens), extra, hash_case(parent, tokens, extra))
 
 
 @thorough
