@@ -9,10 +9,11 @@ learner's code. ``seal()`` runs when the kernel starts, before the notebook's fi
 
 * **Every frame is told apart by its code's file**: the grader's (``autograder/``), the
   library's (the course's ``course/`` and ``kernels/``, Python's own library, installed
-  packages), or the learner's (a notebook cell, code compiled from a string). Code cannot be
-  given a grader's or library's file name by the learner: compiling to such a name, building
-  a code object, and unmarshalling one that claims such a file without being that file's
-  own bytecode are refused.
+  packages, and ``autograder/host/warm.py``, which starts a kernel forked warm as ipykernel's
+  launcher starts one cold), or the learner's (a notebook cell, code compiled from a
+  string). Code cannot be given a grader's or library's file name by the learner: compiling
+  to such a name, building a code object, and unmarshalling one that claims such a file
+  without being that file's own bytecode are refused.
 * **The grader's functions refuse the learner.** The checks' and hidden checks' modules are
   compiled, when the kernel imports them, with a gate at the top of what their namespaces
   reach (every function and lambda, every class's constructors, class and static methods): it
@@ -66,6 +67,9 @@ CHECK_STARTED, CHECK_ENDED = "kv-course.check-started", "kv-course.check-ended"
 OPENED = "kv-course.opened"
 
 _AUTOGRADER = str(Path(__file__).resolve().parent) + os.sep
+# A kernel forked warm (``autograder.host.warm``) runs below this file's frames, as a kernel
+# started cold runs below ipykernel's launcher: they are the library's, not a check's.
+_WARM_LAUNCH = os.path.join(_AUTOGRADER, "host", "warm.py")
 _GATED_PACKAGES = ("autograder.checks.", "autograder.hidden.")
 
 
@@ -232,6 +236,8 @@ def _library_roots() -> tuple[str, ...]:
 
 
 def _owner_of(filename: str, library: tuple[str, ...]) -> str:
+    if filename == _WARM_LAUNCH:
+        return LIBRARY
     if filename.startswith(_AUTOGRADER):
         return GRADER
     if filename.startswith(library) or filename.startswith("<frozen "):

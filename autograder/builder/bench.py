@@ -4,7 +4,7 @@ notebook's time goes.
     python -m autograder.builder.bench [--learners 50] [--jobs 1 2] [--dask local:2]
         [--sandbox auto|on|off]
     python -m autograder.builder.bench --breakdown [--repeat 3] [--sandbox auto|on|off]
-    python -m autograder bench --vs-nbgrader [--repeat 5] [--chapters 1-9]
+    python -m autograder bench --vs-nbgrader [--repeat 5] [--chapters 1-9] [--class-size 4]
     python -m autograder bench --memory-needs [--chapters 1-11] [--sandbox auto|on|off]
 
 Learner i hands in chapter i mod (number of chapters): correct (the course's solutions),
@@ -19,9 +19,9 @@ kept) and prints where its time went (``autograder.builder.timing``): copying it
 and the kernel starting, the imports and set-up before the first cell, the notebook's own
 cells, the test cells, nbgrader after the last cell; and the part that is not the tests.
 
-``--vs-nbgrader`` grades each chapter's solution with the grader and with stock nbgrader,
-paired, and prints wall time, CPU time and peak memory with their ratios
-(``autograder.builder.versus``).
+``--vs-nbgrader`` grades a class handing in each chapter's solution with the grader and with
+stock nbgrader, paired, and prints wall time and CPU time per notebook and peak memory, with
+their ratios (``autograder.builder.versus``).
 
 ``--memory-needs`` finds, for each chapter, the smallest ``--memory-limit`` on a ladder of
 limits under which its own solution earns full marks: the proof ``grade`` and ``grade-all``
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None,
                         help="runs per notebook (default: 3, or 5 with --vs-nbgrader)")
     parser.add_argument("--learners", type=int, default=50)
+    parser.add_argument("--class-size", type=int, default=4,
+                        help="with --vs-nbgrader: learners handing in each chapter (default: 4)")
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                         help="grade-all's --sandbox (default: auto)")
@@ -87,11 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         from autograder.builder.versus import report
 
         repeat = args.repeat or 5
-        print(f"median of {repeat} paired runs per chapter, on {os.cpu_count()} cores; "
-              f"`python -m autograder bench --vs-nbgrader --repeat {repeat} --chapters "
-              f"{args.chapters}`")
-        wall, memory = report(parse_chapters(args.chapters, chapters()), repeat)
-        print(f"largest ratios, ours / stock nbgrader: wall {wall:.2f}, memory {memory:.2f}")
+        print(f"per notebook, a class of {args.class_size}; median of {repeat} paired runs per "
+              f"chapter, on {os.cpu_count()} cores; `python -m autograder bench --vs-nbgrader "
+              f"--repeat {repeat} --chapters {args.chapters} --class-size {args.class_size}`")
+        median, wall, memory = report(parse_chapters(args.chapters, chapters()), repeat,
+                                      args.class_size)
+        print(f"ratios, ours / stock nbgrader: wall {median:.2f} on the median chapter, "
+              f"{wall:.2f} at most; memory {memory:.2f} at most")
         return 0
     if args.memory_needs:
         from autograder.builder.classdir import parse_chapters

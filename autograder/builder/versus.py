@@ -1,18 +1,21 @@
-"""The grader against stock nbgrader: one chapter's solution graded both ways, paired.
+"""The grader against stock nbgrader: a class handing in one chapter's solution, graded both
+ways, paired.
 
-    python -m autograder bench --vs-nbgrader [--repeat 5] [--chapters 1-9]
+    python -m autograder bench --vs-nbgrader [--repeat 5] [--chapters 1-9] [--class-size 4]
 
-Ours is ``python -m autograder grade NOTEBOOK``, as a self-learner runs it (sandboxed where
-bwrap works). Stock is ``python -m nbgrader autograde NN_slug --student learner --force`` in a
-class directory made by ``course-dir`` (the course's class configuration, its kernel
-sandboxed the same way), with the same notebook handed in. Both run once untimed (a released
+Ours is ``python -m autograder grade NOTEBOOK...`` of the class's notebooks (sandboxed where
+bwrap works, each kernel forked warm: ``autograder.host.warm``). Stock is ``python -m nbgrader
+autograde NN_slug --force`` in a class directory made by ``course-dir`` (the course's class
+configuration, its kernels sandboxed the same way, each started afresh, as nbgrader starts
+them), with the same notebooks handed in by as many learners. Both run once untimed (a released
 chapter cached, files in the page cache), then ``repeat`` times each, alternating which goes
-first. For every run, the whole process tree is measured: wall time, CPU time (user + system,
-every process in it, sampled every 10 ms) and peak memory (the most the tree held resident at
-once, as proportional set sizes: a page shared by k processes counts 1/k in each, so what a
-forked process shares with its parent counts once, as it occupies memory once; sampled every
-100 ms, since the kernel walks a process's page tables to count them, about 6 ms for a
-process that loaded torch). Medians are printed with the ratios ours / stock.
+first; the figures are per notebook (the class's wall and CPU time over its size). For every
+run, the whole process tree is measured: wall time, CPU time (user + system, every process in
+it, sampled every 10 ms) and peak memory (the most the tree held resident at once, as
+proportional set sizes: a page shared by k processes counts 1/k in each, so what a forked
+process shares with its parent counts once, as it occupies memory once; sampled every 100 ms,
+since the kernel walks a process's page tables to count them, about 6 ms for a process that
+loaded torch). Medians are printed with the ratios ours / stock.
 """
 
 from __future__ import annotations
@@ -111,8 +114,9 @@ def measure(command: list[str], cwd: Path, env: dict[str, str] | None = None) ->
     return Cost(wall, sum(cpu.values()), peak[0] / 2**20)
 
 
-def compare(chapter: Chapter, repeat: int, scratch: Path) -> tuple[Cost, Cost]:
-    """The median costs (ours, stock) of grading ``chapter``'s solution."""
+def compare(chapter: Chapter, repeat: int, scratch: Path, learners: int) -> tuple[Cost, Cost]:
+    """The median costs (ours, stock) of grading ``learners`` copies of ``chapter``'s solution,
+    per notebook."""
     from autograder.builder.classdir import write_course_dir
 
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
@@ -121,15 +125,19 @@ def compare(chapter: Chapter, repeat: int, scratch: Path) -> tuple[Cost, Cost]:
     write_course_dir(course, [chapter])
     subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", chapter.name,
                     "--force"], cwd=course, env=env, check=True, capture_output=True)
-    handed_in = course / "submitted" / "learner" / chapter.name / f"{chapter.name}.ipynb"
-    own = scratch / chapter.name / "own" / f"{chapter.name}.ipynb"
-    for copy in (handed_in, own):
-        copy.parent.mkdir(parents=True)
-        shutil.copyfile(chapter.source, copy)
+    own = []
+    for index in range(learners):
+        handed_in = course / "submitted" / f"learner{index}" / chapter.name / \
+            f"{chapter.name}.ipynb"
+        own.append(scratch / chapter.name / "own" / f"learner{index}" / f"{chapter.name}.ipynb")
+        for copy in (handed_in, own[-1]):
+            copy.parent.mkdir(parents=True)
+            shutil.copyfile(chapter.source, copy)
     runs = {
-        "ours": ([sys.executable, "-m", "autograder", "grade", str(own)], own.parent),
-        "stock": ([sys.executable, "-m", "nbgrader", "autograde", chapter.name, "--student",
-                   "learner", "--force"], course),
+        "ours": ([sys.executable, "-m", "autograder", "grade", *map(str, own)],
+                 scratch / chapter.name / "own"),
+        "stock": ([sys.executable, "-m", "nbgrader", "autograde", chapter.name, "--force"],
+                  course),
     }
     costs: dict[str, list[Cost]] = {name: [] for name in runs}
     for command, cwd in runs.values():  # warm: the released chapter, the page cache
@@ -137,25 +145,27 @@ def compare(chapter: Chapter, repeat: int, scratch: Path) -> tuple[Cost, Cost]:
     for index in range(repeat):
         for name in (list(runs) if index % 2 == 0 else list(reversed(runs))):
             costs[name].append(measure(*runs[name], env))
-    return tuple(Cost(*(statistics.median(getattr(c, part) for c in costs[name])
-                        for part in ("wall", "cpu", "memory")))
+    return tuple(Cost(statistics.median(c.wall for c in costs[name]) / learners,
+                      statistics.median(c.cpu for c in costs[name]) / learners,
+                      statistics.median(c.memory for c in costs[name]))
                  for name in runs)
 
 
-def report(chapters: list[Chapter], repeat: int) -> tuple[float, float]:
-    """Print every chapter's median costs and ratios as it is measured; return the largest
-    wall and memory ratios."""
+def report(chapters: list[Chapter], repeat: int, learners: int) -> tuple[float, float, float]:
+    """Print every chapter's median costs and ratios as it is measured; return the median
+    chapter's wall ratio and the largest wall and memory ratios."""
     print(f"{'chapter':<38}{'wall s':>14}{'ratio':>7}{'CPU s':>14}{'ratio':>7}"
           f"{'memory MiB':>16}{'ratio':>7}")
     print(f"{'':<38}{'ours / stock':>14}{'':>7}{'ours / stock':>14}{'':>7}"
           f"{'ours / stock':>16}{'':>7}")
-    worst_wall = worst_memory = 0.0
+    walls, memories = [], []
     with tempfile.TemporaryDirectory(prefix="kv-course-versus-") as scratch:
         for chapter in chapters:
-            ours, stock = compare(chapter, repeat, Path(scratch))
+            ours, stock = compare(chapter, repeat, Path(scratch), learners)
             ratios = [ours.wall / stock.wall, ours.cpu / stock.cpu, ours.memory / stock.memory]
-            worst_wall, worst_memory = max(worst_wall, ratios[0]), max(worst_memory, ratios[2])
+            walls.append(ratios[0])
+            memories.append(ratios[2])
             print(f"{chapter.name:<38}{ours.wall:>6.2f} / {stock.wall:<5.2f}{ratios[0]:>7.2f}"
                   f"{ours.cpu:>6.2f} / {stock.cpu:<5.2f}{ratios[1]:>7.2f}"
                   f"{ours.memory:>7.0f} / {stock.memory:<6.0f}{ratios[2]:>7.2f}", flush=True)
-    return worst_wall, worst_memory
+    return statistics.median(walls), max(walls), max(memories)

@@ -44,7 +44,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.hints import in_language
-from autograder.host import configuration
+from autograder.host import configuration, warm
 from autograder.host.chapters import GraderFailure, grade_id_of, test_cells_of
 from autograder.host.configuration import COURSE_ID
 from autograder.host.flagging import flagged_line
@@ -52,7 +52,7 @@ from autograder.host.nbgrader_main import SCORES
 from autograder.host.release_history import released_lines
 from autograder.host.report import NOT_GRADED, NotebookResult, result_of
 from autograder.host.restore import defines, mark_restored, rebuild
-from autograder.host.sandbox import Limits, run
+from autograder.host.sandbox import Limits, environment_for, run
 from course.language import ENGLISH, tr_later
 from course.language import ENVIRONMENT as LANGUAGE_SETTING
 
@@ -168,6 +168,16 @@ class Grader:
         ``python -m autograder bench --breakdown`` times them."""
         return step(self, grading)
 
+    def kernel_template(self, chapter: str) -> Path | None:
+        """The socket of this process's template for ``chapter``'s kernels (started on first
+        use), from which each is forked in its sandbox (``autograder.host.warm``); None where
+        kernels start cold: no sandbox, ``--kernels cold``, a GPU."""
+        limits = self.limits
+        if not (limits.sandbox and limits.warm_kernels):
+            return None
+        return warm.template_for(chapter, environment_for(dict(os.environ), [Path.cwd()],
+                                                          limits.threads))
+
     def kernel_environment(self, grading: Grading) -> dict[str, str]:
         """What the grading kernel's environment holds besides the notebook's language and
         where its scores go: nothing (the benchmark asks for the kernel's own times)."""
@@ -264,14 +274,17 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
     memory limit, a missing kernel, a sandbox that hides the environment), not the learner's:
     ``GraderFailure``."""
     job, limits = grading.job, grader.limits
+    environment = {**grader.kernel_environment(grading), LANGUAGE_SETTING: job.language,
+                   SCORES: str(grading.work / "scores.json")}
+    template = grader.kernel_template(job.chapter)
+    if template is not None:  # the kernel forked from it, in the sandbox (autograder.host.warm)
+        environment[warm.SETTING] = str(template)
     for _ in range(_CRASH_RETRIES + 1):
         (grading.work / "scores.json").unlink(missing_ok=True)
         try:
             grading.log = nbgrader(
                 grading.work, ["autograde", job.chapter, "--student", job.learner, "--force"],
-                limits.notebook_timeout, limits, environment={
-                    **grader.kernel_environment(grading), LANGUAGE_SETTING: job.language,
-                    SCORES: str(grading.work / "scores.json")})
+                limits.notebook_timeout, limits, environment=environment)
         except subprocess.TimeoutExpired:
             return grader.zero(grading, tr_later(
                 f"not graded: the notebook ran past its {limits.notebook_timeout} s limit (look "

@@ -27,8 +27,10 @@ remount the read-only binds writable), and it is killed when the grader dies.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -94,14 +96,29 @@ def arguments(writable: Sequence[Path], cwd: Path) -> list[str]:
     return args
 
 
-def wrap(command: list[str], writable: Sequence[Path], cwd: Path) -> list[str]:
+def wrap(command: list[str], writable: Sequence[Path], cwd: Path, info: int | None = None
+         ) -> list[str]:
     """``command`` run by bwrap in the sandbox; raises ``RuntimeError`` (saying what to
-    install) where there is no bwrap."""
+    install) where there is no bwrap. With ``info`` (a descriptor bwrap inherits), bwrap
+    writes there the sandbox's first process (``sandbox_pid``)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise RuntimeError(f"bwrap is not installed ({INSTALL})")
-    return [bwrap, *arguments([Path(os.path.abspath(p)) for p in writable],
-                              Path(os.path.abspath(cwd))), "--", *command]
+    told = [] if info is None else ["--info-fd", str(info)]
+    return [bwrap, *told, *arguments([Path(os.path.abspath(p)) for p in writable],
+                                     Path(os.path.abspath(cwd))), "--", *command]
+
+
+def sandbox_pid(info: int) -> int:
+    """The sandbox's first process, as this process numbers it, read from the descriptor
+    ``info`` whose other end bwrap was given (``wrap(..., info=...)``); closes it."""
+    text = b""
+    with os.fdopen(info, "rb", buffering=0) as told:
+        while chunk := told.read(4096):  # read up to the object's end: the sandbox may keep
+            text += chunk                # its copy of the descriptor open
+            with contextlib.suppress(ValueError):
+                return json.loads(text)["child-pid"]
+    raise OSError(f"bwrap told nothing of its sandbox ({text!r})")
 
 
 @functools.cache

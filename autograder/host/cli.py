@@ -1,10 +1,12 @@
 """``python -m autograder``: grade notebooks through nbgrader, grade a class, release exercises.
 
     python -m autograder grade NOTEBOOK... [--json FILE] [--jobs N] [--sandbox auto|on|off]
+                               [--kernels warm|cold]
     python -m autograder grade-all DIR|ZIP [--course-dir DIR] [--db URL] [--csv FILE]
                                    [--json FILE] [--jobs N] [--state FILE] [--regrade]
                                    [--student ID]... [--assignment NAME]... [--roster FILE]
-                                   [--sandbox auto|on|off] [--dask ADDRESS|local:N]
+                                   [--sandbox auto|on|off] [--kernels warm|cold]
+                                   [--dask ADDRESS|local:N]
     python -m autograder course-dir DIR [--chapters 1-3] [--course-id ID] [--exchange DIR]
     python -m autograder release
     python -m autograder repository URL
@@ -32,10 +34,12 @@ With ``--dask`` the notebooks are graded on a Dask cluster's workers (``autograd
 
 Both grading commands run every notebook in a bubblewrap sandbox (``autograder.host.bubblewrap``)
 unless told ``--sandbox off``; where bwrap is missing or cannot make the sandbox, they stop
-before grading and say so. Both prove the grader on each chapter's own solution under the same
-limits (``autograder.host.proof``; for ``grade``, a notebook it graded to full marks is that
-proof): where it does not earn full marks, they record and show no grade, keep every earlier
-grade, and say why in one line.
+before grading and say so. In the sandbox, each kernel is forked from one per chapter that
+imported the chapter's modules once (``autograder.host.warm``) unless told ``--kernels cold``.
+Both prove the grader on each chapter's own solution under the same limits
+(``autograder.host.proof``; for ``grade``, a notebook it graded to full marks is that proof):
+where it does not earn full marks, they record and show no grade, keep every earlier grade,
+and say why in one line.
 
 Exit codes: 0 every file graded; 1 a file refused (damaged, unknown, not recorded); 2 no
 sandbox; 3 the grader's own failure (its proof failed, or a hand-in's kernel never started
@@ -180,13 +184,17 @@ def _limits(command: argparse.ArgumentParser, default_jobs: int) -> None:
                          "network, its own processes (default: auto, the sandbox on Linux, "
                          "where grading stops if bwrap cannot make it; none elsewhere); off: "
                          "unsandboxed, as the grading user")
+    command.add_argument("--kernels", choices=["warm", "cold"], default="warm",
+                         help="warm (default): in the sandbox, each notebook's kernel is forked "
+                         "from one that imported the chapter's modules once per grading "
+                         "process; cold: each kernel starts afresh")
 
 
 def _limits_of(args: argparse.Namespace) -> Limits:
     cores = os.cpu_count() or 1
     threads = max(1, cores // args.jobs) if args.jobs > 1 else None  # the cores, shared
     return Limits(args.cell_timeout, args.notebook_timeout, args.memory_limit or None, threads,
-                  _sandboxed(args.sandbox))
+                  _sandboxed(args.sandbox), warm_kernels=args.kernels == "warm")
 
 
 def _sandboxed(choice: str) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -33,7 +34,8 @@ from typing import Any
 from jupyter_client import AsyncKernelManager
 from traitlets import Bool, Unicode, default
 
-from autograder.host.sandbox import confine, environment_for
+from autograder.host import warm
+from autograder.host.sandbox import confine, environment_for, private_home
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -70,7 +72,14 @@ class SandboxedKernelManager(AsyncKernelManager):
         scratch = Path(self.scratch)
         cwd = Path(kw.get("cwd") or os.getcwd())
         env = environment_for(kw.get("env") or dict(os.environ), [scratch])
-        if self.sandbox:
+        template = env.pop(warm.SETTING, None)
+        if self.sandbox and template and kernel_cmd[:3] == [sys.executable, "-m",
+                                                             "ipykernel_launcher"]:
+            # forked, in the sandbox, from a template that has imported the chapter's modules
+            env.update(private_home(scratch / ".home"))
+            kernel_cmd = warm.launcher_command(template, kernel_cmd, [scratch, cwd], cwd)
+            kw["independent"] = True
+        elif self.sandbox:
             kernel_cmd = confine(kernel_cmd, cwd, [scratch, cwd], env)
             # Not told its parent: ipykernel would stop once its parent is process 1, which
             # in the sandbox's own process namespace it is from the start. bwrap ends the

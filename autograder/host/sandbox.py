@@ -54,6 +54,9 @@ class Limits:
     threads: int | None = None
     # run learner code in the bubblewrap sandbox (the CLI decides: --sandbox, probed once)
     sandbox: bool = False
+    # in the sandbox, fork each kernel from a template that imported the chapter's modules
+    # (autograder.host.warm); False: each kernel starts afresh
+    warm_kernels: bool = True
 
 
 _GRACE = 30  # seconds the reaper gets to clean up after its own deadline

@@ -1,0 +1,365 @@
+"""Warm kernels: a submission's kernel forked, inside that submission's own sandbox, from a
+process that has already imported what the chapter's kernels import.
+
+A kernel of chapters 6 to 13 spends two to three seconds of CPU importing ipykernel, torch,
+Triton and the chapter's library before its first cell: most of what grading the lighter
+notebooks costs, paid again for every notebook. Here it is paid once per grading process
+and chapter: a *template* process imports those modules and never runs a notebook; every
+kernel is a fork of it, so it starts with them loaded and with nothing any other kernel
+did::
+
+    grader ── template (chapter 9: ipykernel, torch, Triton, course.v1... loaded; no sandbox)
+                 ├── joiner ── kernel      (forked; the joiner enters the submission's
+                 │                          sandbox, the kernel is born in it)
+                 └── joiner ── kernel ...
+    nbgrader ── launcher ── bwrap ── sleep (the submission's sandbox, built as for a cold
+                 │                          kernel; the sleep only holds it open)
+                 └─ asks the template, over a Unix socket, for a kernel in that sandbox
+
+The sandbox is ``autograder.host.bubblewrap``'s, built by bwrap for this submission alone,
+exactly as for a kernel started cold. The joiner, forked from the template, enters its
+namespaces (``setns``: user where bwrap made one, mount, IPC, UTS, network, PID), drops
+every capability and forks the kernel, which is thereby born in the sandbox's PID namespace,
+sees only its mounts, and dies with it. The kernel takes the launcher's standard streams,
+environment, working folder and address-space limit, closes every other descriptor, and runs
+ipykernel as ``python -m ipykernel_launcher`` would.
+
+What the next kernel could inherit from this one, it cannot: a module patched, a global set,
+a thread left, memory filled are the kernel's own process's, gone with it, and the template
+is never told of them; a file written is in the sandbox's own folders or its own ``/tmp``.
+``tests/test_warm_kernels.py`` grades submissions that try each, one after another.
+
+Only where there is no GPU driver (``course.runtime.gpu_name`` answers without torch): the
+template's imports define the chapter's Triton kernels, which must be defined after Triton's
+mode is chosen, and a CUDA context must not be made before a fork. Elsewhere, and wherever a
+template cannot be reached, the kernel starts cold, as before.
+"""
+
+from __future__ import annotations
+
+import array
+import ast
+import contextlib
+import ctypes
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import NoReturn
+
+from autograder.host import bubblewrap
+
+__all__ = ["SETTING", "launcher_command", "preloads", "template_for"]
+
+SETTING = "KV_COURSE_WARM_KERNELS"  # nbgrader's environment: the template's socket
+_GPU_DRIVERS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
+_NAMESPACES = ("user", "ipc", "uts", "net", "pid", "mnt")  # user first: it grants the rest
+_CLONE = {"user": 0x10000000, "ipc": 0x08000000, "uts": 0x04000000, "net": 0x40000000,
+          "pid": 0x20000000, "mnt": 0x00020000}
+_HOLD = ["/bin/sh", "-c", "echo ready; exec sleep infinity"]  # holds the sandbox open
+
+
+def available() -> bool:
+    """Whether kernels may be forked warm here: Linux, no GPU driver."""
+    return sys.platform.startswith("linux") and not any(map(os.path.exists, _GPU_DRIVERS))
+
+
+# ---------------------------------------------------------------------------- the grader's side
+
+
+def preloads(chapter: str) -> list[str]:
+    """What a kernel of ``chapter`` imports before its first cell, besides the grader's own
+    modules: ipykernel, the library modules holding the chapter's answers, and every module
+    its checks import at their top (torch, Triton, the library...), read from their source."""
+    from autograder.table import PARTS
+
+    modules = ["ipykernel.kernelapp"]
+    parts = PARTS.get(chapter)
+    if parts is None:
+        return modules
+    modules += sorted({place.partition(":")[0] for place in parts.answers.values()})
+    for checks in (parts.checks, parts.hidden):
+        modules += _top_level_imports(checks)
+    return list(dict.fromkeys(m for m in modules if m.split(".")[0] != "autograder"))
+
+
+def _top_level_imports(module: str) -> list[str]:
+    from autograder.answers import module_file
+
+    try:
+        tree = ast.parse(module_file(module).read_text(encoding="utf-8"))
+    except LookupError:
+        return []
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module != "__future__":
+                found.append(node.module)
+    return found
+
+
+class _Template:
+    """A template process, seen from the grader."""
+
+    def __init__(self, modules: list[str], env: dict[str, str]) -> None:
+        folder = Path(tempfile.mkdtemp(prefix="kv-warm-"))  # 0700: no one else's to reach
+        self.socket = folder / "template"
+        # Its stdin is this pipe: the modules to import, then nothing until the grader is
+        # gone and the template ends.
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autograder.host.warm", "template", str(self.socket)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=env, cwd=folder)
+        self.process.stdin.write(json.dumps(modules).encode() + b"\n")
+        self.process.stdin.flush()
+        self.ready = self.process.stdout.readline() == b"ready\n"
+
+    def alive(self) -> bool:
+        return self.ready and self.process.poll() is None
+
+
+_TEMPLATES: dict[tuple[str, ...], _Template] = {}
+_LOCK = threading.Lock()
+
+
+def template_for(chapter: str, env: dict[str, str]) -> Path | None:
+    """The socket of this process's template for ``chapter``'s kernels, started on first use
+    (and again if it ended) with ``env`` (a kernel's: its thread count is read once, as the
+    template imports torch); None where kernels are not forked warm here, or it failed."""
+    if not available():
+        return None
+    modules = preloads(chapter)
+    key = (*modules, env.get("OMP_NUM_THREADS", ""))
+    with _LOCK:
+        template = _TEMPLATES.get(key)
+        if template is None or not template.alive():
+            template = _TEMPLATES[key] = _Template(
+                modules, dict(env, TRITON_INTERPRET="1"))
+    return template.socket if template.alive() else None
+
+
+def launcher_command(socket_path: str, kernel_cmd: list[str], writable: list[Path], cwd: Path
+                     ) -> list[str]:
+    """The command a kernel manager starts instead of ``kernel_cmd``: a launcher that builds
+    the submission's sandbox and asks the template at ``socket_path`` for the kernel in it."""
+    return [sys.executable, "-m", "autograder.host.warm", "launch", socket_path, str(cwd),
+            *map(str, writable), "--", *kernel_cmd]
+
+
+# ---------------------------------------------------------------------------- the launcher
+
+
+def launch(socket_path: str, cwd: Path, writable: list[Path], kernel_cmd: list[str]) -> NoReturn:
+    """Build the sandbox, have the template fork the kernel into it, and exit with the
+    kernel's status; start the kernel cold, in a sandbox of its own, where the template could
+    not be asked."""
+    # Killed with the process that started it (nbgrader), even when stopped: a reaper that
+    # stopped it and was killed before killing it would leave it, and the sandbox, standing.
+    parent = os.getppid()
+    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+    env = {name: value for name, value in os.environ.items() if name != SETTING}
+    told, tell = os.pipe()
+    holder = subprocess.Popen(bubblewrap.wrap(_HOLD, writable, cwd, info=tell),
+                              stdout=subprocess.PIPE, pass_fds=(tell,), env=env)
+    os.close(tell)
+    status = None
+    try:
+        sandbox = bubblewrap.sandbox_pid(told)
+        if holder.stdout.readline() == b"ready\n":  # bwrap has built it: the command runs
+            status = _kernel_in(socket_path, sandbox, cwd, kernel_cmd, env)
+    except OSError:
+        pass
+    finally:
+        holder.kill()
+        holder.wait()
+    if status is not None:
+        os._exit(status)
+    cold = bubblewrap.wrap(kernel_cmd, writable, cwd)
+    os.execve(cold[0], cold, env)
+
+
+def _kernel_in(socket_path: str, sandbox: int, cwd: Path, kernel_cmd: list[str],
+               env: dict[str, str]) -> int | None:
+    """The kernel's exit status, once the template forked it into ``sandbox`` and it ended;
+    None where the template could not be asked."""
+    memory = _address_space()
+    request = json.dumps({"sandbox": sandbox, "cwd": str(cwd), "argv": kernel_cmd[3:],
+                          "env": env, "memory": memory}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        try:
+            connection.connect(socket_path)
+            connection.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                            array.array("i", [0, 1, 2]))])
+            connection.shutdown(socket.SHUT_WR)
+        except OSError:
+            return None
+        reply = b"".join(iter(lambda: connection.recv(4096), b""))
+    return json.loads(reply)["status"] if reply else None
+
+
+def _address_space() -> int | None:
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return None if limit == resource.RLIM_INFINITY else limit
+
+
+# ---------------------------------------------------------------------------- the template
+
+
+def template(socket_path: str) -> None:
+    """Import the modules named on stdin's first line, say ``ready``, then fork a joiner for
+    every request until stdin closes (the grader is gone)."""
+    del sys.path[0]  # this module's working folder, as ipykernel_launcher removes its own
+    for module in json.loads(sys.stdin.buffer.readline()):
+        __import__(module)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(16)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # joiners are reaped by the system
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    try:
+        while select.select([listener, sys.stdin], [], [])[0] != [sys.stdin]:
+            connection, _ = listener.accept()
+            with connection:
+                try:
+                    request, streams = _receive(connection)
+                except (OSError, ValueError):
+                    continue
+                if os.fork() == 0:
+                    _join(connection, request, streams)
+                for stream in streams:
+                    os.close(stream)
+    finally:  # stdin readable: at its end, the grader is gone
+        listener.close()
+        shutil.rmtree(Path(socket_path).parent, ignore_errors=True)
+
+
+def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
+    data, streams = b"", []
+    while True:
+        chunk, ancillary, _, _ = connection.recvmsg(65536, socket.CMSG_SPACE(3 * 4))
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                streams += array.array("i", payload[:len(payload) - len(payload) % 4])
+        if not chunk:
+            break
+        data += chunk
+    if len(streams) != 3:
+        for stream in streams:
+            os.close(stream)
+        raise ValueError("a request carries the kernel's three standard streams")
+    return json.loads(data), streams
+
+
+def _join(connection: socket.socket, request: dict, streams: list[int]) -> NoReturn:
+    """The joiner: enter the sandbox, fork the kernel there, report its exit status. Where it
+    cannot enter, it reports nothing, and the launcher starts the kernel cold."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _enter(request["sandbox"])
+        kernel = os.fork()
+        if kernel == 0:
+            _kernel(request, streams)
+        for stream in streams:
+            os.close(stream)
+        _, waited = os.waitpid(kernel, 0)
+        connection.sendall(json.dumps({"status": os.waitstatus_to_exitcode(waited)}).encode())
+    finally:
+        os._exit(0)
+
+
+_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _enter(pid: int) -> None:
+    """Join every namespace of process ``pid`` that is not this process's own, then keep no
+    capability (as bwrap leaves the sandbox's processes)."""
+    libc = _libc()
+    opened = {}
+    for name in _NAMESPACES:
+        target = f"/proc/{pid}/ns/{name}"
+        if os.stat(target).st_ino != os.stat(f"/proc/self/ns/{name}").st_ino:
+            opened[name] = os.open(target, os.O_RDONLY)
+    for name, descriptor in opened.items():
+        if libc.setns(descriptor, _CLONE[name]) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"setns({name}): {os.strerror(error)}")
+        os.close(descriptor)
+    _drop_capabilities(libc)
+
+
+def _drop_capabilities(libc: ctypes.CDLL) -> None:
+    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    for capability in range(last + 1):
+        libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: none, twice 32 bits
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "no_new_privs")
+
+
+def _kernel(request: dict, streams: list[int]) -> NoReturn:
+    """The kernel, born in the sandbox: the launcher's streams, place, environment and
+    limit, no other descriptor, then ipykernel as ``python -m ipykernel_launcher ARGV``."""
+    status = 1
+    try:
+        os.setsid()  # bwrap's --new-session
+        _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        for target, stream in enumerate(streams):
+            os.dup2(stream, target)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        os.chdir(request["cwd"])
+        if request["memory"]:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if "numpy.random" in sys.modules:  # its own draws, as a kernel started cold has
+            sys.modules["numpy.random"].seed()  # (Python's random reseeds itself at a fork)
+        sys.argv = ["ipykernel_launcher", *request["argv"]]
+        from ipykernel import kernelapp
+
+        kernelapp.launch_new_instance()
+        status = 0
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(status)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "template":
+        template(sys.argv[2])
+    else:  # launch SOCKET CWD WRITABLE... -- KERNEL_CMD...
+        split = sys.argv.index("--")
+        launch(sys.argv[2], Path(sys.argv[3]), [Path(p) for p in sys.argv[4:split]],
+               sys.argv[split + 1:])
