@@ -21,6 +21,7 @@ know whether it will be needed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -28,8 +29,12 @@ import fractions
 import functools
 import hashlib
 import importlib
+import os
 import pickle
+import signal
 import sys
+import threading
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,11 +76,20 @@ def _verdict(check: Callable, args: tuple, kwargs: dict, kind: str) -> Any:
     """Run ``check``, unless what it is given is the course's own answer; its failure becomes
     a ``CheckFailed`` that names the TODO's test. While a notebook is graded, a check in
     which the learner's code reached for what the checks know fails as it ends
-    (``autograder.seal``), whatever the learner's code did next."""
+    (``autograder.seal``), whatever the learner's code did next. A check stops at its time
+    limit (``out_of_time``), and is not run again on code that did not return in an earlier
+    one."""
     check_subject(*args)
     sys.audit(CHECK_STARTED)
     try:
-        return check(*args, **kwargs)
+        hung, seconds = _hung_in(args), check_seconds()
+        if hung is not None:
+            raise AssertionError(tr_later(
+                f"{hung} did not return within {seconds:g} s in an earlier test, so "
+                "this test did not run it again; look for a loop that never ends (what "
+                "changes each time round, and when does it stop?)"))
+        with out_of_time():
+            return check(*args, **kwargs)
     except CheckFailed:
         raise
     except AssertionError as failure:
@@ -85,6 +99,105 @@ def _verdict(check: Callable, args: tuple, kwargs: dict, kind: str) -> Any:
                           in_language(f"The {kind} of {todo}")) from failure
     finally:
         sys.audit(CHECK_ENDED)
+
+
+# --- a learner's code that does not return --------------------------------------------------
+
+SECONDS_SETTING = "KV_COURSE_CHECK_SECONDS"  # a check's time limit, in seconds
+_CHECK_SECONDS = 30.0  # unless set: six times the slowest check of a right answer here
+
+
+def check_seconds() -> float:
+    """How long one check may run, in seconds (``KV_COURSE_CHECK_SECONDS``, else 30)."""
+    return float(os.environ.get(SECONDS_SETTING) or _CHECK_SECONDS)
+
+
+class _OutOfTime(BaseException):
+    """Raised in the learner's code when a check runs past its limit: a ``BaseException``,
+    so that ``except Exception`` in that code does not swallow it."""
+
+
+_HUNG: dict[int, tuple[Any, str]] = {}  # id(code) -> (the code, kept alive; its function name)
+_TIMING = [0]  # checks under way with the limit armed: a hidden check may run a visible one
+
+
+@contextlib.contextmanager
+def out_of_time() -> Any:
+    """The check inside stops after ``check_seconds()``: the learner's code it was running
+    raises ``_OutOfTime`` (again each second, should that code catch it), and the check fails
+    with a hint naming the function that did not return. Every function of the learner's that
+    was running then is remembered: a later check given one fails at once (``_hung_in``), so
+    an endless loop costs one limit, not a cell's limit for every test that calls it. Armed in
+    the main thread, where signals are delivered, and only by the outermost check."""
+    if _TIMING[0] or threading.current_thread() is not threading.main_thread() or \
+            not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(number: int, frame: Any) -> None:
+        raise _OutOfTime
+
+    seconds = check_seconds()
+    before = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    _TIMING[0] += 1
+    try:
+        yield
+    except _OutOfTime as stopped:
+        name = _remember_learner_frames(stopped.__traceback__)
+        raise AssertionError(tr_later(
+            f"{name} did not return within {seconds:g} s, so this test stopped it: look for a "
+            "loop that never ends (what changes each time round, and when does it stop?), or "
+            "work that grows far faster than it should")) from None
+    finally:
+        _TIMING[0] -= 1
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def _remember_learner_frames(trace: Any) -> str:
+    """Remember the code of every learner's frame in ``trace``; the outermost one's name (the
+    function the check called), or "your code"."""
+    from autograder.seal import LEARNER, _library_roots, _owner_of
+
+    library, names = _library_roots(), []
+    while trace is not None:
+        code = trace.tb_frame.f_code
+        if _owner_of(code.co_filename, library) == LEARNER:
+            _HUNG[id(code)] = (code, code.co_name)
+            names.append(code.co_name)
+        trace = trace.tb_next
+    return next((name for name in names if not name.startswith("<")), "your code")
+
+
+def _hung_in(args: tuple) -> str | None:
+    """The name of a function, among what a check is given, that did not return in an
+    earlier check; None if there is none."""
+    if not _HUNG:
+        return None
+    for code in (code for arg in args for code in _codes_of(arg)):
+        if id(code) in _HUNG and _HUNG[id(code)][0] is code:
+            return _HUNG[id(code)][1]
+    return None
+
+
+def _codes_of(value: Any) -> list[Any]:
+    """The code of a function, method or Triton kernel; of every function a class (or an
+    instance's class) defines, along its bases."""
+    value = getattr(value, "__func__", value)  # a bound method
+    value = getattr(value, "fn", value) if not isinstance(value, type) else value  # a kernel
+    if isinstance(value, types.FunctionType):
+        return [value.__code__]
+    if value is None or isinstance(value, int | float | str | bytes | tuple | list | dict):
+        return []
+    cls = value if isinstance(value, type) else type(value)
+    codes = []
+    for klass in cls.__mro__:
+        for member in vars(klass).values():
+            member = getattr(member, "__func__", member)  # a static or class method
+            if isinstance(member, types.FunctionType):
+                codes.append(member.__code__)
+    return codes
 
 
 def thorough(check: Callable) -> Callable:

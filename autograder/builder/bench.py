@@ -5,6 +5,7 @@ notebook's time goes.
         [--sandbox auto|on|off]
     python -m autograder.builder.bench --breakdown [--repeat 3] [--sandbox auto|on|off]
     python -m autograder bench --vs-nbgrader [--repeat 5] [--chapters 1-9] [--class-size 4]
+    python -m autograder bench --scaling [--chapters 1-14] [--class-size 4]
     python -m autograder bench --memory-needs [--chapters 1-11] [--sandbox auto|on|off]
 
 Learner i hands in chapter i mod (number of chapters): correct (the course's solutions),
@@ -22,6 +23,10 @@ cells, the test cells, nbgrader after the last cell; and the part that is not th
 ``--vs-nbgrader`` grades a class handing in each chapter's solution with the grader and with
 stock nbgrader, paired, and prints wall time and CPU time per notebook and peak memory, with
 their ratios (``autograder.builder.versus``).
+
+``--scaling`` grades a class of each chapter on a local Dask cluster of 1, then 2 worker
+processes (``scaling``) and prints notebooks per hour per core, per chapter, how 2 workers
+scale over 1, and the cores that grade a class of 10,000 through every chapter in an hour.
 
 ``--memory-needs`` finds, for each chapter, the smallest ``--memory-limit`` on a ladder of
 limits under which its own solution earns full marks: the proof ``grade`` and ``grade-all``
@@ -68,15 +73,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="where one notebook's time goes, per chapter (seconds)")
     parser.add_argument("--vs-nbgrader", action="store_true",
                         help="the grader against stock nbgrader, per chapter")
+    parser.add_argument("--scaling", action="store_true",
+                        help="notebooks per hour per core, per chapter, on 1 and 2 Dask "
+                        "workers, and the cores a class of 10,000 needs")
     parser.add_argument("--memory-needs", action="store_true",
                         help="the smallest --memory-limit each chapter grades under (GiB)")
-    parser.add_argument("--chapters", default="all", help="with --vs-nbgrader or "
+    parser.add_argument("--chapters", default="all", help="with --vs-nbgrader, --scaling or "
                         "--memory-needs: for example 1-3 (default: all)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="runs per notebook (default: 3, or 5 with --vs-nbgrader)")
     parser.add_argument("--learners", type=int, default=50)
     parser.add_argument("--class-size", type=int, default=4,
-                        help="with --vs-nbgrader: learners handing in each chapter (default: 4)")
+                        help="with --vs-nbgrader or --scaling: learners handing in each chapter "
+                        "(default: 4)")
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                         help="grade-all's --sandbox (default: auto)")
@@ -96,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
                                       args.class_size)
         print(f"ratios, ours / stock nbgrader: wall {median:.2f} on the median chapter, "
               f"{wall:.2f} at most; memory {memory:.2f} at most")
+        return 0
+    if args.scaling:
+        from autograder.builder.classdir import parse_chapters
+
+        print(f"a class of {args.class_size} per chapter, each handing in the solution, graded "
+              f"by grade-all on a local Dask cluster of 1, then 2 workers (one thread each), "
+              f"on {os.cpu_count()} cores; `python -m autograder bench --scaling --chapters "
+              f"{args.chapters} --class-size {args.class_size}`")
+        print(scaling(parse_chapters(args.chapters, chapters()), args.class_size, args.sandbox))
         return 0
     if args.memory_needs:
         from autograder.builder.classdir import parse_chapters
@@ -175,6 +193,63 @@ def memory_needs(selected: list, sandbox: str):
             found = gib
             break
         yield chapter, found
+
+
+WORKERS = (1, 2)
+CLASS_OF = 10_000  # learners, each handing in every chapter, to grade in an hour
+
+
+def scaling(selected: list, learners: int, sandbox: str) -> str:
+    """For each number of ``WORKERS``: a local Dask cluster started once; for each chapter, an
+    untimed run that grades one solution per worker (proofs cached, released chapters cached,
+    the workers' kernel templates started: the fixed costs a worker pays once), then a timed
+    ``grade-all`` of ``learners`` solutions. The table: seconds per run, notebooks
+    per hour per core (one worker is one core), and how 2 workers scale over 1; then the
+    cores that grade ``CLASS_OF`` learners through every selected chapter in an hour, at the
+    per-core rates of the largest cluster."""
+    from distributed import LocalCluster
+
+    seconds: dict[int, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="kv-course-scaling-") as scratch:
+        for workers in WORKERS:
+            seconds[workers] = {}
+            with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                              dashboard_address=None) as cluster:
+                for chapter in selected:
+                    run = Path(scratch) / f"{workers}" / chapter.name
+                    for count, kind in ((workers, "warm"), (learners, "timed")):
+                        hand_in = run / kind / "hand-ins"
+                        for index in range(count):
+                            path = hand_in / f"learner{index}" / f"{chapter.name}.ipynb"
+                            path.parent.mkdir(parents=True)
+                            nbformat.write(solved(chapter), path)
+                        started = time.monotonic()
+                        done = subprocess.run(
+                            [sys.executable, "-m", "autograder", "grade-all", str(hand_in),
+                             "--dask", cluster.scheduler_address, "--sandbox", sandbox],
+                            cwd=run / kind, capture_output=True, text=True)
+                        if done.returncode != 0:
+                            raise RuntimeError(f"grade-all failed on {chapter.name}: "
+                                               f"{done.stderr.strip()[-500:]}")
+                    seconds[workers][chapter.name] = time.monotonic() - started
+    header = "".join(f"{f'{w} worker(s) s':>14}{'nb/h/core':>11}" for w in WORKERS)
+    lines = [f"{'chapter':<38}{header}{'speed-up':>10}"]
+    cores_needed = 0.0
+    for chapter in selected:
+        taken = [seconds[w][chapter.name] for w in WORKERS]
+        rates = [learners * 3600 / (run * w) for run, w in zip(taken, WORKERS, strict=True)]
+        lines.append(f"{chapter.name:<38}" + "".join(
+            f"{run:>14.1f}{rate:>11.0f}" for run, rate in zip(taken, rates, strict=True))
+            + f"{taken[0] / taken[-1]:>10.2f}")
+        cores_needed += CLASS_OF / rates[-1]
+    largest = WORKERS[-1]
+    per_core = learners * len(selected) * 3600 / (sum(seconds[largest].values()) * largest)
+    lines.append(f"all {len(selected)} chapters: {per_core:.0f} notebooks per hour per core on "
+                 f"{largest} workers")
+    lines.append(f"to grade {CLASS_OF:,} learners through these {len(selected)} chapters "
+                 f"({CLASS_OF * len(selected):,} notebooks) in an hour: {cores_needed:,.0f} cores "
+                 "at these per-core rates")
+    return "\n".join(lines)
 
 
 def _projection(per_worker: float, chapters: int) -> str:

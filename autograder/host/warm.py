@@ -183,8 +183,8 @@ def launch(socket_path: str, cwd: Path, writable: list[Path], kernel_cmd: list[s
     finally:
         holder.kill()
         holder.wait()
-    if status is not None:
-        os._exit(status)
+    if status is not None:  # a kernel killed by a signal: 128 + its number, as a shell says
+        os._exit(status if status >= 0 else 128 - status)
     cold = bubblewrap.wrap(kernel_cmd, writable, cwd)
     os.execve(cold[0], cold, env)
 
@@ -192,7 +192,7 @@ def launch(socket_path: str, cwd: Path, writable: list[Path], kernel_cmd: list[s
 def _kernel_in(socket_path: str, sandbox: int, cwd: Path, kernel_cmd: list[str],
                env: dict[str, str]) -> int | None:
     """The kernel's exit status, once the template forked it into ``sandbox`` and it ended;
-    None where the template could not be asked."""
+    None where no kernel was forked (the template could not be asked, or could not enter)."""
     memory = _address_space()
     request = json.dumps({"sandbox": sandbox, "cwd": str(cwd), "argv": kernel_cmd[3:],
                           "env": env, "memory": memory}).encode()
@@ -204,8 +204,12 @@ def _kernel_in(socket_path: str, sandbox: int, cwd: Path, kernel_cmd: list[str],
             connection.shutdown(socket.SHUT_WR)
         except OSError:
             return None
-        reply = b"".join(iter(lambda: connection.recv(4096), b""))
-    return json.loads(reply)["status"] if reply else None
+        replies = [json.loads(line) for line in
+                   b"".join(iter(lambda: connection.recv(4096), b"")).splitlines()]
+    if not replies:  # the joiner could not enter the sandbox: no kernel was forked
+        return None
+    # a kernel forked whose joiner ended without its status (killed): the kernel is gone too
+    return replies[-1].get("status", 1)
 
 
 def _address_space() -> int | None:
@@ -273,10 +277,12 @@ def _join(connection: socket.socket, request: dict, streams: list[int]) -> NoRet
         kernel = os.fork()
         if kernel == 0:
             _kernel(request, streams)
+        connection.sendall(b'{"started": true}\n')
         for stream in streams:
             os.close(stream)
         _, waited = os.waitpid(kernel, 0)
-        connection.sendall(json.dumps({"status": os.waitstatus_to_exitcode(waited)}).encode())
+        connection.sendall(json.dumps({"status": os.waitstatus_to_exitcode(waited)}).encode()
+                           + b"\n")
     finally:
         os._exit(0)
 
