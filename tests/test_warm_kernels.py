@@ -170,3 +170,17 @@ def test_a_class_graded_warm_gets_the_grades_of_one_fresh_kernel_per_notebook(tm
     scores = [sum(score for _, score, _ in graded) for graded in warmly]
     # the wrong answer loses the same points after the hostile notebook as alone
     assert scores[0] <= scores[1] < scores[2], scores
+
+
+def test_a_grader_keeps_the_templates_of_the_chapters_it_graded_last():
+    light = ["01_kv_cache_sizing", "02_fragmentation_and_block_tables", "03_block_manager",
+             "04_prefix_caching"]  # no torch: cheap to start
+    first = warm.template_for(light[0], dict(os.environ))
+    process = next(t.process for t in warm._TEMPLATES.values() if t.socket == first)
+    for chapter in light[1:]:
+        assert warm.template_for(chapter, dict(os.environ)) is not None
+    assert len(warm._TEMPLATES) == warm._KEPT
+    assert process.wait(timeout=60) == 0  # the least recently used one ended
+    assert not first.parent.exists()  # and took its socket's folder with it
+    again = warm.template_for(light[0], dict(os.environ))  # started again when needed
+    assert again is not None and again != first

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import array
 import ast
+import collections
 import contextlib
 import ctypes
 import json
@@ -126,8 +127,16 @@ class _Template:
     def alive(self) -> bool:
         return self.ready and self.process.poll() is None
 
+    def close(self) -> None:
+        """End it (its stdin closed); kernels forked from it run on."""
+        self.process.stdin.close()
+        self.process.stdout.close()
 
-_TEMPLATES: dict[tuple[str, ...], _Template] = {}
+
+# A few hundred MiB each where torch is loaded: a grader keeps the templates of the chapters it
+# graded last, not of every chapter it met.
+_KEPT = 3
+_TEMPLATES: collections.OrderedDict[tuple[str, ...], _Template] = collections.OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -142,8 +151,10 @@ def template_for(chapter: str, env: dict[str, str]) -> Path | None:
     with _LOCK:
         template = _TEMPLATES.get(key)
         if template is None or not template.alive():
-            template = _TEMPLATES[key] = _Template(
-                modules, dict(env, TRITON_INTERPRET="1"))
+            template = _TEMPLATES[key] = _Template(modules, dict(env, TRITON_INTERPRET="1"))
+        _TEMPLATES.move_to_end(key)
+        while len(_TEMPLATES) > _KEPT:
+            _TEMPLATES.popitem(last=False)[1].close()
     return template.socket if template.alive() else None
 
 
