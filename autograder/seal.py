@@ -9,8 +9,8 @@ learner's code. ``seal()`` runs when the kernel starts, before the notebook's fi
 
 * **Every frame is told apart by its code's file**: the grader's (``autograder/``), the
   library's (the course's ``course/`` and ``kernels/``, Python's own library, installed
-  packages, and ``autograder/host/warm.py``, which starts a kernel forked warm as ipykernel's
-  launcher starts one cold), or the learner's (a notebook cell, code compiled from a
+  packages, and the grader's ``autograder.host.warm``, which starts a kernel forked warm as
+  ipykernel's launcher starts one cold), or the learner's (a notebook cell, code compiled from a
   string). Code cannot be given a grader's or library's file name by the learner: compiling
   to such a name, building a code object, and unmarshalling one that claims such a file
   without being that file's own bytecode are refused.
