@@ -7,6 +7,8 @@ asked for its own times around arming. The grader keeps no times of its own.
     imports and set-up             the kernel begins arming -> ends arming
     own cells, test cells          each cell's execution times, as the notebook records them
     nbgrader after the last cell   the last cell's end -> run_nbgrader ends
+    slowest test cell              the longest of the test cells (a check's time limit,
+                                   ``autograder.private.check_seconds``, leaves it room)
 """
 
 from __future__ import annotations
@@ -76,6 +78,23 @@ def time_parts(marks: dict[str, float | list[float]], executed: dict) -> dict[st
             "nbgrader after the last cell": marks["run_nbgrader"] - (last or marks["run_nbgrader"])}
 
 
+SLOWEST = "slowest test cell"  # a column of its own: it is one of the test cells, not more
+
+
+def test_cell_seconds(executed: dict) -> dict[str, float]:
+    """Grade id -> seconds, for every test cell the executed notebook timed."""
+    found = {}
+    for cell in executed["cells"]:
+        meta = cell.get("metadata", {})
+        times = meta.get("execution", {})
+        if meta.get("nbgrader", {}).get("grade") and "iopub.execute_input" in times and \
+                "shell.execute_reply" in times:
+            found[meta["nbgrader"]["grade_id"]] = (
+                dt.datetime.fromisoformat(times["shell.execute_reply"]).timestamp()
+                - dt.datetime.fromisoformat(times["iopub.execute_input"]).timestamp())
+    return found
+
+
 def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
     """Chapter -> part -> seconds (the median of ``repeat`` gradings of its solution)."""
     from course.runtime import detect
@@ -90,7 +109,8 @@ def breakdown(repeat: int, sandbox: bool) -> dict[str, dict[str, float]]:
         for _ in range(repeat):
             outcome = grader.autograde(Job(chapter.name, source, "learner", str(chapter.source),
                                            nbformat.reads(source, as_version=4)))
-            runs.append(time_parts(grader.marks, outcome.executed))
+            runs.append(time_parts(grader.marks, outcome.executed)
+                        | {SLOWEST: max(test_cell_seconds(outcome.executed).values())})
         found[chapter.name] = {part: statistics.median(run[part] for run in runs)
                                for part in runs[0]}
     return found
@@ -100,7 +120,7 @@ def breakdown_table(found: dict[str, dict[str, float]]) -> str:
     parts = list(next(iter(found.values())))
 
     def row(label: str, times: dict[str, float]) -> str:
-        fixed = sum(v for p, v in times.items() if p != "test cells")
+        fixed = sum(v for p, v in times.items() if p not in ("test cells", SLOWEST))
         return f"{label:<38}" + "".join(f"{times[p]:>15.2f}" for p in parts) + f"{fixed:>11.2f}"
 
     header = f"{'chapter':<38}" + "".join(f"{p[:14]:>15}" for p in parts) + f"{'not tests':>11}"
