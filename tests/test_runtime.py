@@ -42,6 +42,22 @@ def test_setup_without_a_gpu_switches_on_the_interpreter_and_says_so_in_one_line
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a CUDA GPU: interpreter mode not chosen")
+@pytest.mark.parametrize("interpreter_set_before", [False, True], ids=["unset", "set"])
+def test_a_kernel_module_imported_before_setup_is_named_unless_the_interpreter_was_on(
+        interpreter_set_before):
+    """Imported without the interpreter, its kernels would compile for a GPU: restart. Imported
+    with it already on (an earlier setup, the grader's warm kernels), they run on it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env |= {"TRITON_INTERPRET": "1"} if interpreter_set_before else {}
+    done = subprocess.run([sys.executable, "-c", "import kernels.paged_attention, course\n"
+                           "course.setup(quiet=True)"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    named = "kernels.paged_attention" in done.stdout and "before course.setup()" in done.stdout
+    assert named is not interpreter_set_before, done.stdout
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a CUDA GPU: interpreter mode not chosen")
 def test_a_kernel_defined_after_setup_runs_on_cpu_tensors():
     done = _python(
         "import course; course.setup(quiet=True)\n"
