@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import os
 import queue
@@ -164,6 +165,9 @@ def serve() -> None:
     os.dup2(quiet, 1)
     os.close(quiet)
     nbgrader_main.preload()
+    # what was loaded stays out of the collector's walks, so the children's collections do
+    # not write to (and so copy) the pages they share with this process
+    gc.freeze()
     selector = selectors.DefaultSelector()
     selector.register(requests, selectors.EVENT_READ)
     reapers: dict[int, int] = {}  # process fd -> reaper pid

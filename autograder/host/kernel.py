@@ -23,23 +23,70 @@ talking over Unix sockets.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
-from jupyter_client import AsyncKernelManager
-from traitlets import Bool, Unicode, default
+from jupyter_client import AsyncKernelClient, AsyncKernelManager
+from traitlets import Bool, DottedObjectName, Type, Unicode, default
 
 from autograder.host import warm
 from autograder.host.sandbox import confine, environment_for, private_home
 
 
+class ReadyClient(AsyncKernelClient):
+    """jupyter_client's client, but a kernel is ready once it has answered ``kernel_info``
+    and published that request's idle status, not once IOPub has then been silent for a
+    fifth of a second: a fifth of a second less for every notebook, and the same messages
+    flushed, since a kernel publishes what it printed while starting (its ``exec_lines``)
+    before it serves a request, on one socket, in order."""
+
+    async def wait_for_ready(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (math.inf if timeout is None else timeout)
+        while True:
+            self.kernel_info()
+            if await self._answered():
+                return
+            # jupyter_client's own words: the grader tells a kernel that never started by them
+            if not await self._async_is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+
+    async def _answered(self) -> bool:
+        """Whether a ``kernel_info`` reply came, then its request's idle status on IOPub
+        (read, with all before it); False where either did not come in time (IOPub not yet
+        connected: ask again, as jupyter_client does)."""
+        try:
+            reply = await self.get_shell_msg(timeout=1)
+            if reply["msg_type"] != "kernel_info_reply":
+                return False
+            request = reply["parent_header"].get("msg_id")
+            while True:
+                message = await self.get_iopub_msg(timeout=0.2)
+                if message["msg_type"] == "status" and \
+                        message["content"].get("execution_state") == "idle" and \
+                        message["parent_header"].get("msg_id") == request:
+                    break
+        except Empty:
+            return False
+        self._handle_kernel_info_reply(reply)
+        return True
+
+
 class SandboxedKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernel runs in a bubblewrap sandbox (``sandbox``)."""
+    """A kernel manager whose kernel runs in a bubblewrap sandbox (``sandbox``), talked to by
+    a ``ReadyClient``."""
+
+    client_class = DottedObjectName(f"{__name__}.ReadyClient", config=True)
+    client_factory = Type(ReadyClient, klass=AsyncKernelClient, config=True)
 
     sandbox = Bool(True, help="run the kernel in the bubblewrap sandbox").tag(config=True)
     scratch = Unicode(help="a folder of the submission's own, writable in the sandbox: the "

@@ -38,14 +38,23 @@ def write_scores(coursedir, destination: Path) -> None:
 
 
 def preload() -> None:
-    """Import what nbgrader's ``autograde`` uses, so that a process forked after it
-    (``autograder.host.forkserver``) starts grading at once."""
+    """Import what nbgrader's ``autograde`` uses, and build the notebook validators it builds
+    on first use, so that a process forked after it (``autograder.host.forkserver``) starts
+    grading at once."""
     without_uri_grammar()
     import nbclient  # noqa: F401 - loaded for the processes forked after
+    import nbformat
+    from nbformat.validator import get_validator
     from nbgrader.apps import AutogradeApp  # noqa: F401
     from nbgrader.apps.nbgraderapp import main  # noqa: F401
 
     from autograder.host import kernel  # noqa: F401 - nbgrader's kernel manager (configuration)
+
+    # Each is compiled from nbformat's schema on first use (about 50 ms): strict for reading
+    # and writing a notebook, relaxed for nbconvert's checks between preprocessors. Built
+    # here, a forked nbgrader finds them built, as one nbgrader process grading a class does.
+    for relaxed in (False, True):
+        get_validator(4, nbformat.v4.nbformat_minor, relax_add_props=relaxed)
 
 
 def main(args: list[str]) -> int:
