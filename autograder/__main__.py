@@ -2,9 +2,9 @@
 
 import sys
 
-from course.runtime import without_uri_grammar
+from course.runtime import without_format_checkers
 
-without_uri_grammar()  # before nbformat is imported
+without_format_checkers()  # before nbformat is imported
 
 from autograder.host.cli import main  # noqa: E402
 

@@ -2,9 +2,9 @@
 
 import sys
 
-from course.runtime import without_uri_grammar
+from course.runtime import without_format_checkers
 
-without_uri_grammar()  # before the doctor imports nbgrader, which imports nbformat
+without_format_checkers()  # before the doctor imports nbgrader, which imports nbformat
 
 from course import doctor  # noqa: E402
 

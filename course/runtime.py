@@ -59,24 +59,31 @@ def detect() -> Runtime:
     )
 
 
-def without_uri_grammar() -> None:
-    """Keep jsonschema from building its URI grammar in this process: call before nbformat is
-    first imported.
+# Optional packages jsonschema loads, if installed, to check string formats (JupyterLab's
+# environment has them all): rfc3987_syntax builds a URI grammar as it is imported (about one
+# and a half seconds of CPU); the others hold about 3 MiB in every process that loads them.
+_FORMAT_CHECKERS = ("rfc3987_syntax", "arrow", "isoduration", "webcolors", "uri_template",
+                    "fqdn")
 
-    jsonschema, which nbformat loads, builds a URI-syntax grammar at import time where the
-    optional ``rfc3987_syntax`` package is installed (JupyterLab's environment has it): about
-    one and a half seconds of CPU, for a format check that nbformat never asks for (it
+
+def without_format_checkers() -> None:
+    """Keep jsonschema from loading its optional format checkers in this process: call before
+    nbformat is first imported.
+
+    jsonschema, which nbformat loads, imports a checker for each string format whose package
+    is installed, the URI grammar's among them, for format checks nbformat never asks for (it
     validates without format checking). A notebook pays it at its first chart, plotly's
-    renderer importing nbformat; nbgrader pays it at its start. Marking the package absent
-    makes jsonschema skip the grammar; nothing else changes."""
-    sys.modules.setdefault("rfc3987_syntax", None)
+    renderer importing nbformat; nbgrader and the grader pay it at their start. Marking the
+    packages absent makes jsonschema skip those formats; nothing else changes."""
+    for package in _FORMAT_CHECKERS:
+        sys.modules.setdefault(package, None)
 
 
 def setup(quiet: bool = False, language: str | None = None) -> Runtime:
     """Choose GPU or interpreter mode for this kernel and print one line saying which;
     choose the language the course speaks (``course.language.choose``: ``language``, else
     ``KV_COURSE_LANGUAGE``, else English)."""
-    without_uri_grammar()  # the notebook's first chart comes sooner
+    without_format_checkers()  # the notebook's first chart comes sooner
     choose(language)
     runtime = detect()
     if not runtime.is_gpu:

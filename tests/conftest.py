@@ -18,9 +18,9 @@ from pathlib import Path
 # one busy process, 6.0 s there with one thread). Set before torch is first imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from course.runtime import without_uri_grammar  # noqa: E402
+from course.runtime import without_format_checkers  # noqa: E402
 
-without_uri_grammar()  # before nbformat: each worker's start, a second sooner
+without_format_checkers()  # before nbformat: each worker's start, a second sooner
 
 import nbformat  # noqa: E402
 import pytest  # noqa: E402

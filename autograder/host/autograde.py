@@ -44,7 +44,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.hints import in_language
-from autograder.host import configuration, warm
+from autograder.host import configuration, forkserver, warm
 from autograder.host.chapters import GraderFailure, grade_id_of, test_cells_of
 from autograder.host.configuration import COURSE_ID
 from autograder.host.flagging import flagged_line
@@ -276,6 +276,7 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
     job, limits = grading.job, grader.limits
     environment = {**grader.kernel_environment(grading), LANGUAGE_SETTING: job.language,
                    SCORES: str(grading.work / "scores.json")}
+    forkserver.start()  # nbgrader loads while the kernel's template loads the chapter
     template = grader.kernel_template(job.chapter)
     if template is not None:  # the kernel forked from it, in the sandbox (autograder.host.warm)
         environment[warm.SETTING] = str(template)

@@ -51,7 +51,7 @@ from typing import NoReturn
 
 from autograder.host import nbgrader_main, reaper
 
-__all__ = ["Spawned", "serves", "spawn"]
+__all__ = ["Spawned", "serves", "spawn", "start"]
 
 NBGRADER = ["-m", "autograder.host.nbgrader_main"]  # the command it runs warm, after sys.executable
 
@@ -144,13 +144,23 @@ def spawn(args: list[str], cwd: Path, env: dict[str, str], output: Path, seconds
     status 124 past them) and an address space of ``memory`` bytes, in ``cwd`` with exactly
     ``env``, writing to ``output``: forked from this process's fork server (started on first
     use, and again if it ended)."""
+    return _server().spawn({"args": args, "cwd": str(cwd), "env": env, "output": str(output),
+                            "seconds": seconds, "memory": memory})
+
+
+def start() -> None:
+    """Start this process's fork server now where it can serve and is not running, so that it
+    loads nbgrader while this process goes on (a kernel's template loads the chapter)."""
+    if _pidfds():
+        _server()
+
+
+def _server() -> _Server:
     global _SERVER
     with _SERVER_LOCK:
         if _SERVER is None or not _SERVER.alive():
             _SERVER = _Server()
-        server = _SERVER
-    return server.spawn({"args": args, "cwd": str(cwd), "env": env, "output": str(output),
-                         "seconds": seconds, "memory": memory})
+        return _SERVER
 
 
 # ---------------------------------------------------------------------------- the server

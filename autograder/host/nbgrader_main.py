@@ -1,7 +1,7 @@
 """``python -m autograder.host.nbgrader_main ARGS``: nbgrader's own command line, started lighter,
 that leaves the grades an ``autograde`` gave where the grader reads them.
 
-nbgrader starts without jsonschema's URI grammar (``course.runtime.without_uri_grammar``:
+nbgrader starts without jsonschema's format checkers (``course.runtime.without_format_checkers``:
 about one and a half seconds of CPU in every grading process, for a check nbformat never
 asks for); everything else is nbgrader unchanged. The grader's own command line starts the
 same way (``autograder.__main__``).
@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from course.runtime import without_uri_grammar
+from course.runtime import without_format_checkers
 
 SCORES = "KV_COURSE_SCORES"
 
@@ -41,7 +41,7 @@ def preload() -> None:
     """Import what nbgrader's ``autograde`` uses, and build the notebook validators it builds
     on first use, so that a process forked after it (``autograder.host.forkserver``) starts
     grading at once."""
-    without_uri_grammar()
+    without_format_checkers()
     import nbclient  # noqa: F401 - loaded for the processes forked after
     import nbformat
     from nbformat.validator import get_validator
