@@ -17,8 +17,9 @@ processes on this machine).
 
 ``--breakdown`` grades each chapter's solution notebook alone (``--repeat`` times, the median
 kept) and prints where its time went (``autograder.builder.timing``): copying its course, nbgrader
-and the kernel starting, the imports and set-up before the first cell, the notebook's own
-cells, the test cells, nbgrader after the last cell; and the part that is not the tests.
+and the kernel starting, the imports and set-up before the first cell, the kernel made ready
+and the time between cells, the notebook's own cells, the test cells, nbgrader after the last
+cell; and the part that is not the tests.
 
 ``--vs-nbgrader`` grades a class handing in each chapter's solution with the grader and with
 stock nbgrader, paired, and prints wall time and CPU time per notebook and peak memory, with

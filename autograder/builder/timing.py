@@ -5,6 +5,8 @@ asked for its own times around arming. The grader keeps no times of its own.
     course copy                    strip_demonstrations ends -> place ends
     nbgrader and kernel start      place ends -> the kernel begins arming
     imports and set-up             the kernel begins arming -> ends arming
+    kernel ready, between cells    arming ends -> the last cell ends, less the cells' own
+                                   times: the client's handshake, each cell's round trip
     own cells, test cells          each cell's execution times, as the notebook records them
     nbgrader after the last cell   the last cell's end -> run_nbgrader ends
     slowest test cell              the longest of the test cells (a check's time limit,
@@ -56,8 +58,10 @@ def time_parts(marks: dict[str, float | list[float]], executed: dict) -> dict[st
     """Where one notebook's grading time went, from a ``Timed`` grader's ``marks`` and the
     executed notebook's cell times: copying its course, nbgrader and the kernel starting, the
     imports and set-up before the first cell (``arming``; when the kernel wrote no times, they
-    count as nbgrader's), the notebook's own cells (set-up, answers, demonstrations), the test
-    cells, and nbgrader after the last cell."""
+    count as nbgrader's), the kernel made ready and the time between cells (the client's
+    handshake, each cell's round trip), the notebook's own cells (set-up, answers,
+    demonstrations), the test cells, and nbgrader after the last cell: together, the whole
+    from the course's copy to nbgrader's end."""
     started = marks["place"]  # nbgrader starts as the submission's course is in place
     armed_from, armed_to = marks.get("armed", (started, started))
     cells, tests, last = 0.0, 0.0, None
@@ -74,6 +78,7 @@ def time_parts(marks: dict[str, float | list[float]], executed: dict) -> dict[st
     return {"course copy": marks["place"] - marks["strip_demonstrations"],
             "nbgrader and kernel start": armed_from - started,
             "imports and set-up": armed_to - armed_from,
+            "kernel ready, between cells": (last or armed_to) - armed_to - cells - tests,
             "notebook's own cells": cells, "test cells": tests,
             "nbgrader after the last cell": marks["run_nbgrader"] - (last or marks["run_nbgrader"])}
 
