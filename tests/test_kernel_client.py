@@ -40,8 +40,9 @@ async def _first_cell_outputs(tmp_path, client_class: str) -> list[str]:
         await manager.shutdown_kernel(now=True)
 
 
-def test_the_grading_kernels_client_is_the_ready_client():
-    assert isinstance(SandboxedKernelManager(sandbox=False).client(), ReadyClient)
+def test_the_grading_kernels_client_is_the_ready_client(tmp_path):
+    manager = SandboxedKernelManager(sandbox=False, scratch=str(tmp_path))
+    assert isinstance(manager.client(), ReadyClient)
 
 
 def test_what_the_kernel_printed_as_it_started_is_not_the_first_cells(tmp_path):
