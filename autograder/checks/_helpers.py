@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from autograder.checks import _replay
 from autograder.hints import in_language
 
 Diagnosis = tuple[Callable[..., Any], str]
@@ -136,11 +137,15 @@ _HYPOTHESIS: dict[str, str] = {}  # one folder per process (mutated, never rebou
 def run_stateful(machine: type, max_examples: int, steps: int) -> None:
     """Run a hypothesis ``RuleBasedStateMachine``; a failure's hint is the smallest failing
     sequence of operations (the machine's own message), without hypothesis' report."""
-    from hypothesis.stateful import run_state_machine_as_test
+    from hypothesis.stateful import get_state_machine_test, run_state_machine_as_test
 
+    chosen = _settings(max_examples, stateful_step_count=steps)
+    run_key = _replay.key("stateful", machine, max_examples, steps)
+    if _replay.replayed(run_key, lambda: get_state_machine_test(machine, settings=chosen)):
+        return
     try:
-        run_state_machine_as_test(machine, settings=_settings(max_examples,
-                                                              stateful_step_count=steps))
+        with _replay.recording(run_key):
+            run_state_machine_as_test(machine, settings=chosen)
     except AssertionError as failure:
         raise AssertionError(str(failure)) from None
 
@@ -157,8 +162,12 @@ def for_all(strategy: Any, check: Callable[[Any], None], max_examples: int = 150
     def run(case: Any) -> None:
         check(case)
 
+    run_key = _replay.key("for_all", strategy, max_examples)
+    if _replay.replayed(run_key, lambda: run):
+        return
     try:
-        run()
+        with _replay.recording(run_key):
+            run()
     except AssertionError as failure:
         raise AssertionError(str(failure)) from None  # the hint alone, not hypothesis' report
 

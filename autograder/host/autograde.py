@@ -7,7 +7,10 @@
         gradebook.db                                its gradebook
         submitted/<learner>/NN_slug/NN_slug.ipynb   the submission, rebuilt (``restore``)
         autograded/<learner>/NN_slug/NN_slug.ipynb  (the kernel's working directory)
-    <temp>/kv-k-XXXX/                       the kernel's own: sockets, HOME, caches
+    <cache>/cases/NN_slug-<code hash>       the cases its checks drew on the solution,
+                                             recorded for a class (``Grader.cases``)
+    <temp>/kv-k-XXXX/                       the kernel's own: sockets, HOME, caches, and a
+                                             copy of those cases, which its checks replay
 
 ``Grader.autograde`` takes a ``Job`` (the chapter's source notebook as text, the learner's
 notebook, who and what it is) and gives back an ``Outcome`` (the result of every test, and
@@ -36,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -43,6 +47,7 @@ from pathlib import Path
 
 import nbformat
 
+from autograder.checks import _replay
 from autograder.hints import in_language
 from autograder.host import configuration, forkserver, warm
 from autograder.host.chapters import GraderFailure, grade_id_of, test_cells_of
@@ -51,7 +56,7 @@ from autograder.host.flagging import flagged_line
 from autograder.host.nbgrader_main import SCORES
 from autograder.host.release_history import released_lines
 from autograder.host.report import NOT_GRADED, NotebookResult, result_of
-from autograder.host.restore import defines, mark_restored, rebuild
+from autograder.host.restore import Unmatched, defines, mark_restored, rebuild
 from autograder.host.sandbox import Limits, environment_for, run
 from course.language import ENGLISH, tr_later
 from course.language import ENVIRONMENT as LANGUAGE_SETTING
@@ -61,6 +66,7 @@ __all__ = ["Grader", "Job", "Limits", "Outcome"]
 Step = Callable[["Grader", "Grading"], "Outcome | None"]  # one of ``STEPS``
 
 _CRASH_RETRIES = 3  # cells that kill the kernel, replaced one at a time before giving up
+RECORDER = "course-cases"  # the learner a recording of the checks' cases grades as
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,7 @@ class Grading:
     scores: dict[str, float] | None = None  # grade id -> points, as nbgrader recorded them
     executed: nbformat.NotebookNode | None = None  # the notebook as nbgrader ran it
     restored: tuple[str, ...] = ()  # grade ids of the cells the learner deleted, put back
+    cases: Path | None = None  # the kernel's copy of the cases its checks replay
 
     @property
     def submitted(self) -> Path:
@@ -120,6 +127,10 @@ class Grader:
         self.runtime = runtime
         self.course_id = course_id
         self.cache = (cache or cache_folder()).resolve()
+        # chapters graded for a class here: their checks' cases are recorded (``cases``)
+        self.classes: set[str] = set()
+        self.recording: Path | None = None  # where the recording run's cases go (``cases``)
+        self._recording_lock = threading.Lock()
 
     def template(self, chapter: str, source: str) -> Path:
         """The released course of a chapter's source: built once per source text and kept
@@ -139,6 +150,33 @@ class Grader:
             finally:
                 shutil.rmtree(building, ignore_errors=True)
         return template
+
+    def cases(self, chapter: str, source: str) -> Path | None:
+        """The cases the checks of ``chapter`` drew on its solution (``source``), for its
+        kernels to replay (``autograder.checks._replay``); None where there are none. For a
+        chapter graded for a class (``classes``), recorded first where missing: the solution
+        graded once, as ``RECORDER``, its kernel keeping what every check drew, kept only if
+        it earned full marks. A notebook graded alone is not worth a second grading: its
+        checks draw."""
+        kept = self.cache / "cases" / f"{chapter}-{_replay.fingerprint()[:16]}"
+        if kept.exists() or chapter not in self.classes:
+            return kept if kept.exists() else None
+        with self._recording_lock:  # one recording at a time; the other threads wait for it
+            if not kept.exists():
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                self.recording = kept.parent / f".{kept.name}.{os.getpid()}"
+                try:
+                    outcome = self.autograde(Job(chapter, source, RECORDER, "the solution",
+                                                 nbformat.reads(source, as_version=4)))
+                    if outcome.result.score == outcome.result.max_score and \
+                            self.recording.exists():
+                        self.recording.replace(kept)
+                except (GraderFailure, Unmatched):  # the proof tells why; the checks draw
+                    pass
+                finally:
+                    self.recording.unlink(missing_ok=True)
+                    self.recording = None
+        return kept if kept.exists() else None
 
     def released(self, chapter: str, source: str) -> nbformat.NotebookNode:
         """The learner notebook nbgrader releases for a chapter's source."""
@@ -261,6 +299,10 @@ def place(grader: Grader, grading: Grading) -> None:
     shutil.copytree(grading.template, grading.work, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("source"))
     _configure(grading.work, grader.limits, grader.course_id, grading.scratch)
+    job = grading.job
+    cases = None if job.learner == RECORDER else grader.cases(job.chapter, job.source)
+    if cases is not None:  # the kernel's own copy: it reads nothing of the grader's cache
+        grading.cases = Path(shutil.copyfile(cases, grading.scratch / "cases"))
     grading.submitted.parent.mkdir(parents=True)
     nbformat.write(grading.to_run, grading.submitted)
 
@@ -276,6 +318,10 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
     job, limits = grading.job, grader.limits
     environment = {**grader.kernel_environment(grading), LANGUAGE_SETTING: job.language,
                    SCORES: str(grading.work / "scores.json")}
+    if job.learner == RECORDER:  # the kernel records what its checks draw
+        environment[_replay.RECORD] = str(grading.scratch / "recorded")
+    elif grading.cases is not None:
+        environment[_replay.CASES] = str(grading.cases)
     forkserver.start()  # nbgrader loads while the kernel's template loads the chapter
     template = grader.kernel_template(job.chapter)
     if template is not None:  # the kernel forked from it, in the sandbox (autograder.host.warm)
@@ -329,6 +375,14 @@ def read_scores(grader: Grader, grading: Grading) -> None:
     grading.executed = nbformat.read(executed, as_version=4)
 
 
+def keep_recorded_cases(grader: Grader, grading: Grading) -> None:
+    """In a recording run (``Grader.cases``), what the kernel's checks drew, kept before its
+    folder goes."""
+    recorded = grading.scratch / "recorded"
+    if grading.job.learner == RECORDER and recorded.exists():
+        shutil.move(recorded, grader.recording)
+
+
 def report(grader: Grader, grading: Grading) -> Outcome:
     """Every test's result, and the executed notebook for the feedback page and the
     gradebook, the cells the learner deleted marked (``mark_restored``)."""
@@ -343,7 +397,8 @@ def report(grader: Grader, grading: Grading) -> Outcome:
 # Grading one submission: each step reads and fills the ``Grading``; the first to return an
 # ``Outcome`` ends it (a zero, or the report). A step is known by its function's name.
 STEPS: tuple[Step, ...] = (
-    rebuild_answers, flag, strip_demonstrations, place, run_nbgrader, read_scores, report)
+    rebuild_answers, flag, strip_demonstrations, place, run_nbgrader, read_scores,
+    keep_recorded_cases, report)
 
 
 def _notebook(folder: Path, chapter: str) -> Path:
