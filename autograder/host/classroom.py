@@ -118,6 +118,7 @@ def grade(submissions: list[Submission], grader: Grader, runner: Runner,
     jobs = [s.job() for s in todo]
     for job in {(j.chapter, j.language): j for j in jobs}.values():  # built once, not per job
         grader.template(job.chapter, job.source)
+        grader.cases(job.chapter, job.source)  # recorded here, once: Dask workers read them
     with _stopped_between_results() as stopping:
         for index, outcome in runner(grader, jobs):
             if stopping.is_set():  # a notebook ended by Ctrl-C is not graded
