@@ -187,13 +187,12 @@ def recording(run_key: str | None) -> Iterator[None]:
     earlier = _RECORDING.setdefault(run_key, cases)
     if earlier is not None and earlier != cases:
         _RECORDING[run_key] = None
-    _write(Path(path))
+    _write(Path(path), {k: v for k, v in _RECORDING.items() if v})
 
 
-def _write(path: Path) -> None:
-    records = {k: v for k, v in _RECORDING.items() if v}
-    folder = path.parent
-    partial = folder / f".{path.name}.{os.getpid()}"
+def _write(path: Path, records: dict[str, tuple]) -> None:
+    """Write ``records`` (key -> each case's choices) to ``path`` with this code's
+    fingerprint, whole or not at all."""
+    partial = path.parent / f".{path.name}.{os.getpid()}"
     partial.write_bytes(marshal.dumps((fingerprint(), records)))
     partial.replace(path)
-

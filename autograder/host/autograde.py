@@ -15,8 +15,9 @@
 ``Grader.autograde`` takes a ``Job`` (the chapter's source notebook as text, the learner's
 notebook, who and what it is) and gives back an ``Outcome`` (the result of every test, and
 the executed notebook for the feedback page), through ``STEPS``: rebuild the answers, flag,
-strip demonstrations, place, run nbgrader, read scores, report. It touches no class files,
-reads no file it is not given, and can run on another machine (``autograder.host.cluster``).
+strip demonstrations, place, run nbgrader, read scores, keep recorded cases, report. It
+touches no class files, reads no file it is not given, and can run on another machine
+(``autograder.host.cluster``).
 nbgrader runs under ``sandbox.run`` (time, memory, and nothing outliving it), and its
 kernel, the one process that runs learner code, in the bubblewrap sandbox
 (``autograder.host.kernel``): its working folder and its own scratch folder are all it can write,
@@ -56,7 +57,7 @@ from autograder.host.flagging import flagged_line
 from autograder.host.nbgrader_main import SCORES
 from autograder.host.release_history import released_lines
 from autograder.host.report import NOT_GRADED, NotebookResult, result_of
-from autograder.host.restore import Unmatched, defines, mark_restored, rebuild
+from autograder.host.restore import defines, mark_restored, rebuild
 from autograder.host.sandbox import Limits, environment_for, run
 from course.language import ENGLISH, tr_later
 from course.language import ENVIRONMENT as LANGUAGE_SETTING
@@ -159,24 +160,31 @@ class Grader:
         it earned full marks. A notebook graded alone is not worth a second grading: its
         checks draw."""
         kept = self.cache / "cases" / f"{chapter}-{_replay.fingerprint()[:16]}"
-        if kept.exists() or chapter not in self.classes:
-            return kept if kept.exists() else None
-        with self._recording_lock:  # one recording at a time; the other threads wait for it
-            if not kept.exists():
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                self.recording = kept.parent / f".{kept.name}.{os.getpid()}"
-                try:
-                    outcome = self.autograde(Job(chapter, source, RECORDER, "the solution",
-                                                 nbformat.reads(source, as_version=4)))
-                    if outcome.result.score == outcome.result.max_score and \
-                            self.recording.exists():
-                        self.recording.replace(kept)
-                except (GraderFailure, Unmatched):  # the proof tells why; the checks draw
-                    pass
-                finally:
-                    self.recording.unlink(missing_ok=True)
-                    self.recording = None
-        return kept if kept.exists() else None
+        if not kept.exists() and chapter in self.classes:
+            with self._recording_lock:  # one recording at a time; other threads wait for it
+                if not kept.exists():
+                    self._record(chapter, source, kept)
+        return kept if kept.exists() and kept.stat().st_size else None
+
+    def _record(self, chapter: str, source: str, kept: Path) -> None:
+        """Grade the solution, recording its checks' cases into ``kept``: an empty file
+        where none of them draws (so that it is not graded again for nothing); nothing where
+        it fell short of full marks or could not be graded (the proof says why), or the cache
+        cannot be written: the checks then draw, as without a record."""
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            self.recording = kept.parent / f".{kept.name}.{os.getpid()}"
+            outcome = self.autograde(Job(chapter, source, RECORDER, "the solution",
+                                         nbformat.reads(source, as_version=4)))
+            if outcome.result.tests and outcome.result.score == outcome.result.max_score:
+                self.recording.touch()  # empty where no check draws: nothing to replay
+                self.recording.replace(kept)
+        except Exception:  # noqa: BLE001 - a record only saves time: never a reason to stop
+            pass
+        finally:
+            if self.recording is not None:
+                self.recording.unlink(missing_ok=True)
+            self.recording = None
 
     def released(self, chapter: str, source: str) -> nbformat.NotebookNode:
         """The learner notebook nbgrader releases for a chapter's source."""
