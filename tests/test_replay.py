@@ -17,7 +17,7 @@ from notebook_variants import fill, from_module, source_named
 from subjects import alternative_subjects
 
 from autograder.checks import _replay
-from autograder.host.autograde import Grader, Job, Limits
+from autograder.host.autograde import RECORDER, Grader, Job, Limits
 from autograder.table import PARTS
 
 # a chapter of functions and for_all, and one of classes and state machines
@@ -154,3 +154,18 @@ def test_a_class_records_its_chapters_cases_once_and_its_notebooks_replay_them(t
     assert kept is not None and marshal.loads(kept.read_bytes())[1]
     assert replaying.cases(chapter.name, source) == kept  # once
     assert graded(replaying) == graded(drawing)
+
+
+def test_a_chapter_whose_checks_draw_nothing_is_recorded_once_as_nothing(tmp_path, monkeypatch):
+    chapter = next(c for c in CHAPTERS if c.number == "01")  # its checks draw no cases
+    source = chapter.source.read_text(encoding="utf-8")
+    grader = Grader(Limits(), cache=tmp_path)
+    grader.classes = {chapter.name}
+    graded = []
+    autograde = Grader.autograde
+    monkeypatch.setattr(Grader, "autograde", lambda self, job: graded.append(job) or
+                        autograde(self, job))
+    assert grader.cases(chapter.name, source) is None
+    assert len(graded) == 1 and graded[0].learner == RECORDER
+    assert grader.cases(chapter.name, source) is None
+    assert len(graded) == 1, "the solution was graded again for a record of nothing"
