@@ -9,8 +9,9 @@ configuration the grader writes, and the one ``course-dir`` writes for nbgrader'
 2. ``seal.seal()``: the checks, imported from here on, are gated, and the audit hook that
    keeps the learner's code from what they know is installed (``autograder.seal``);
 3. the cases the checks replay are read, where the grader hands the kernel some
-   (``KV_COURSE_CASES``, ``autograder.checks._replay``), and ``guard.arm()``: the chapter's
-   checks, and what they rely on, are recorded (``autograder.guard``);
+   (``KV_COURSE_CASES``, ``autograder.checks._replay``; the file is removed once read, so
+   the learner's code cannot read the hidden checks' inputs from it), and ``guard.arm()``:
+   the chapter's checks, and what they rely on, are recorded (``autograder.guard``);
 4. every answer of the chapter being graded becomes a tripwire (``autograder.borrowing``);
    the chapter is named by ``KV_COURSE_CHAPTER``, else by the kernel's working folder, which
    nbgrader names after the assignment (``autograded/<learner>/<NN_slug>/``);
@@ -47,8 +48,10 @@ def arm(chapter: str | None = None) -> None:
     slug = chapter or os.environ.get("KV_COURSE_CHAPTER") or Path.cwd().name
     from autograder.checks import _replay  # sealed: imported after ``seal()``
 
-    if os.environ.get(_replay.CASES):
-        _replay.load(Path(os.environ[_replay.CASES]))
+    if os.environ.get(_replay.CASES):  # read, then gone: the learner's code never sees it
+        cases = Path(os.environ[_replay.CASES])
+        _replay.load(cases)
+        cases.unlink(missing_ok=True)
     guard.arm(slug)
     install_tripwires(slug)
     from IPython import get_ipython

@@ -138,12 +138,19 @@ def test_a_class_records_its_chapters_cases_once_and_its_notebooks_replay_them(t
     module = importlib.import_module(PARTS[chapter.name].answers["locate"])
     names = list(PARTS[chapter.name].answers)
     mutant = _mutants(chapter)["locate"][2][0]
+    # the learner's cell asks whether it was handed cases, and whether it can read them
+    asks = ("\nimport os\nprint('handed cases:', bool(os.environ.get('KV_COURSE_CASES')),"
+            " os.path.exists(os.environ.get('KV_COURSE_CASES', '')))\n")
     wrong = fill(REPO / "exercises" / f"{chapter.name}.ipynb", tmp_path / "wrong.ipynb",
-                 {**from_module(module, names), "locate": source_named(mutant, "locate")})
+                 {**from_module(module, names), "locate": source_named(mutant, "locate") + asks})
+    told = []
 
     def graded(grader: Grader) -> list:
         outcome = grader.autograde(Job(chapter.name, source, "learner", "wrong.ipynb",
                                        nbformat.read(wrong, as_version=4)))
+        told.append({output.get("text", "").strip() for cell in outcome.executed.cells
+                     for output in cell.get("outputs", []) if "handed cases" in
+                     output.get("text", "")})
         return [(t.id, t.points, t.message) for t in outcome.result.tests]
 
     drawing = Grader(Limits(), cache=tmp_path / "drawing")
@@ -154,6 +161,8 @@ def test_a_class_records_its_chapters_cases_once_and_its_notebooks_replay_them(t
     assert kept is not None and marshal.loads(kept.read_bytes())[1]
     assert replaying.cases(chapter.name, source) == kept  # once
     assert graded(replaying) == graded(drawing)
+    # replayed with the cases read at arming and gone before the learner's first cell
+    assert told == [{"handed cases: True False"}, {"handed cases: False False"}]
 
 
 def test_a_chapter_whose_checks_draw_nothing_is_recorded_once_as_nothing(tmp_path, monkeypatch):

@@ -104,7 +104,7 @@ class Grading:
     scores: dict[str, float] | None = None  # grade id -> points, as nbgrader recorded them
     executed: nbformat.NotebookNode | None = None  # the notebook as nbgrader ran it
     restored: tuple[str, ...] = ()  # grade ids of the cells the learner deleted, put back
-    cases: Path | None = None  # the kernel's copy of the cases its checks replay
+    cases: Path | None = None  # the cases its checks replay (``Grader.cases``)
 
     @property
     def submitted(self) -> Path:
@@ -308,9 +308,7 @@ def place(grader: Grader, grading: Grading) -> None:
                     ignore=shutil.ignore_patterns("source"))
     _configure(grading.work, grader.limits, grader.course_id, grading.scratch)
     job = grading.job
-    cases = None if job.learner == RECORDER else grader.cases(job.chapter, job.source)
-    if cases is not None:  # the kernel's own copy: it reads nothing of the grader's cache
-        grading.cases = Path(shutil.copyfile(cases, grading.scratch / "cases"))
+    grading.cases = None if job.learner == RECORDER else grader.cases(job.chapter, job.source)
     grading.submitted.parent.mkdir(parents=True)
     nbformat.write(grading.to_run, grading.submitted)
 
@@ -328,14 +326,16 @@ def run_nbgrader(grader: Grader, grading: Grading) -> Outcome | None:
                    SCORES: str(grading.work / "scores.json")}
     if job.learner == RECORDER:  # the kernel records what its checks draw
         environment[_replay.RECORD] = str(grading.scratch / "recorded")
-    elif grading.cases is not None:
-        environment[_replay.CASES] = str(grading.cases)
+    elif grading.cases is not None:  # a copy in the kernel's folder, which it reads, then removes
+        environment[_replay.CASES] = str(grading.scratch / "cases")
     forkserver.start()  # nbgrader loads while the kernel's template loads the chapter
     template = grader.kernel_template(job.chapter)
     if template is not None:  # the kernel forked from it, in the sandbox (autograder.host.warm)
         environment[warm.SETTING] = str(template)
     for _ in range(_CRASH_RETRIES + 1):
         (grading.work / "scores.json").unlink(missing_ok=True)
+        if _replay.CASES in environment:
+            shutil.copyfile(grading.cases, environment[_replay.CASES])
         try:
             grading.log = nbgrader(
                 grading.work, ["autograde", job.chapter, "--student", job.learner, "--force"],
