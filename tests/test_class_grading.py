@@ -441,8 +441,8 @@ def test_ctrl_c_while_a_result_is_recorded_lets_the_recording_finish(monkeypatch
         def template(self, chapter, source):
             pass
 
-        def cases(self, chapter, source):
-            return None
+        def record_cases(self, chapter, source):
+            pass
 
     def runner(grader, jobs):
         for index in range(len(jobs)):
@@ -479,8 +479,8 @@ def test_a_grader_started_with_sigint_ignored_keeps_it_ignored():
         def template(self, chapter, source):
             pass
 
-        def cases(self, chapter, source):
-            return None
+        def record_cases(self, chapter, source):
+            pass
 
     recorded = []
 

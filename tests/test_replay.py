@@ -130,9 +130,9 @@ def test_state_machines_built_with_other_values_are_told_apart():
 
 
 def test_a_class_records_its_chapters_cases_once_and_its_notebooks_replay_them(tmp_path):
-    """Through the grader: a chapter graded for a class has its solution's cases recorded
-    (only at full marks), kept in the cache and handed to each kernel; a wrong answer graded
-    with them gets what it gets from checks that draw afresh."""
+    """Through the grader: a chapter's solution's cases, recorded for a class (at full marks),
+    kept in the cache and handed to each kernel; a wrong answer graded with them gets what it
+    gets from checks that draw afresh."""
     chapter = REPLAYED[0]
     source = chapter.source.read_text(encoding="utf-8")
     module = importlib.import_module(PARTS[chapter.name].answers["locate"])
@@ -154,12 +154,11 @@ def test_a_class_records_its_chapters_cases_once_and_its_notebooks_replay_them(t
         return [(t.id, t.points, t.message) for t in outcome.result.tests]
 
     drawing = Grader(Limits(), cache=tmp_path / "drawing")
-    assert drawing.cases(chapter.name, source) is None  # graded alone: nothing recorded
     replaying = Grader(Limits(), cache=tmp_path / "replaying")
-    replaying.classes = {chapter.name}
-    kept = replaying.cases(chapter.name, source)
+    replaying.record_cases(chapter.name, source)
+    kept = replaying.cases(chapter.name)
     assert kept is not None and marshal.loads(kept.read_bytes())[1]
-    assert replaying.cases(chapter.name, source) == kept  # once
+    assert drawing.cases(chapter.name) is None  # nothing recorded there
     assert graded(replaying) == graded(drawing)
     # replayed with the cases read at arming and gone before the learner's first cell
     assert told == [{"handed cases: True False"}, {"handed cases: False False"}]
@@ -169,12 +168,12 @@ def test_a_chapter_whose_checks_draw_nothing_is_recorded_once_as_nothing(tmp_pat
     chapter = next(c for c in CHAPTERS if c.number == "01")  # its checks draw no cases
     source = chapter.source.read_text(encoding="utf-8")
     grader = Grader(Limits(), cache=tmp_path)
-    grader.classes = {chapter.name}
     graded = []
     autograde = Grader.autograde
     monkeypatch.setattr(Grader, "autograde", lambda self, job: graded.append(job) or
                         autograde(self, job))
-    assert grader.cases(chapter.name, source) is None
+    grader.record_cases(chapter.name, source)
     assert len(graded) == 1 and graded[0].learner == RECORDER
-    assert grader.cases(chapter.name, source) is None
+    assert grader.cases(chapter.name) is None
+    grader.record_cases(chapter.name, source)
     assert len(graded) == 1, "the solution was graded again for a record of nothing"

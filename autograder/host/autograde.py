@@ -8,7 +8,7 @@
         submitted/<learner>/NN_slug/NN_slug.ipynb   the submission, rebuilt (``restore``)
         autograded/<learner>/NN_slug/NN_slug.ipynb  (the kernel's working directory)
     <cache>/cases/NN_slug-<code hash>       the cases its checks drew on the solution,
-                                             recorded for a class (``Grader.cases``)
+                                             recorded for a class (``Grader.record_cases``)
     <temp>/kv-k-XXXX/                       the kernel's own: sockets, HOME, caches, and a
                                              copy of those cases, which its checks replay
 
@@ -40,7 +40,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -128,10 +127,7 @@ class Grader:
         self.runtime = runtime
         self.course_id = course_id
         self.cache = (cache or cache_folder()).resolve()
-        # chapters graded for a class here: their checks' cases are recorded (``cases``)
-        self.classes: set[str] = set()
-        self.recording: Path | None = None  # where the recording run's cases go (``cases``)
-        self._recording_lock = threading.Lock()
+        self.recording: Path | None = None  # where the recording run's cases go
 
     def template(self, chapter: str, source: str) -> Path:
         """The released course of a chapter's source: built once per source text and kept
@@ -152,25 +148,23 @@ class Grader:
                 shutil.rmtree(building, ignore_errors=True)
         return template
 
-    def cases(self, chapter: str, source: str) -> Path | None:
-        """The cases the checks of ``chapter`` drew on its solution (``source``), for its
-        kernels to replay (``autograder.checks._replay``); None where there are none. For a
-        chapter graded for a class (``classes``), recorded first where missing: the solution
-        graded once, as ``RECORDER``, its kernel keeping what every check drew, kept only if
-        it earned full marks. A notebook graded alone is not worth a second grading: its
-        checks draw."""
-        kept = self.cache / "cases" / f"{chapter}-{_replay.fingerprint()[:16]}"
-        if not kept.exists() and chapter in self.classes:
-            with self._recording_lock:  # one recording at a time; other threads wait for it
-                if not kept.exists():
-                    self._record(chapter, source, kept)
+    def cases(self, chapter: str) -> Path | None:
+        """The cases the checks of ``chapter`` drew on its solution, for its kernels to replay
+        (``autograder.checks._replay``): recorded by ``record_cases`` with this code; None
+        where there are none."""
+        kept = self._cases_file(chapter)
         return kept if kept.exists() and kept.stat().st_size else None
 
-    def _record(self, chapter: str, source: str, kept: Path) -> None:
-        """Grade the solution, recording its checks' cases into ``kept``: an empty file
-        where none of them draws (so that it is not graded again for nothing); nothing where
-        it fell short of full marks or could not be graded (the proof says why), or the cache
-        cannot be written: the checks then draw, as without a record."""
+    def record_cases(self, chapter: str, source: str) -> None:
+        """Record, where this code has not yet, the cases the checks of ``chapter`` draw on
+        its solution (``source``): the solution graded as ``RECORDER``, its kernel keeping
+        what every check drew, kept if it earned full marks (an empty file where no check
+        draws, so that it is not graded again for nothing). Nothing is kept where it fell
+        short or could not be graded (the proof says why), or the cache cannot be written:
+        the checks then draw, as without a record."""
+        kept = self._cases_file(chapter)
+        if kept.exists():
+            return
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
             self.recording = kept.parent / f".{kept.name}.{os.getpid()}"
@@ -185,6 +179,9 @@ class Grader:
             if self.recording is not None:
                 self.recording.unlink(missing_ok=True)
             self.recording = None
+
+    def _cases_file(self, chapter: str) -> Path:
+        return self.cache / "cases" / f"{chapter}-{_replay.fingerprint()[:16]}"
 
     def released(self, chapter: str, source: str) -> nbformat.NotebookNode:
         """The learner notebook nbgrader releases for a chapter's source."""
@@ -308,7 +305,7 @@ def place(grader: Grader, grading: Grading) -> None:
                     ignore=shutil.ignore_patterns("source"))
     _configure(grading.work, grader.limits, grader.course_id, grading.scratch)
     job = grading.job
-    grading.cases = None if job.learner == RECORDER else grader.cases(job.chapter, job.source)
+    grading.cases = None if job.learner == RECORDER else grader.cases(job.chapter)
     grading.submitted.parent.mkdir(parents=True)
     nbformat.write(grading.to_run, grading.submitted)
 
@@ -384,8 +381,8 @@ def read_scores(grader: Grader, grading: Grading) -> None:
 
 
 def keep_recorded_cases(grader: Grader, grading: Grading) -> None:
-    """In a recording run (``Grader.cases``), what the kernel's checks drew, kept before its
-    folder goes."""
+    """In a recording run (``Grader.record_cases``), what the kernel's checks drew, kept before
+    its folder goes."""
     recorded = grading.scratch / "recorded"
     if grading.job.learner == RECORDER and recorded.exists():
         shutil.move(recorded, grader.recording)

@@ -21,6 +21,7 @@ course directory and the state file.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import csv
 import json
@@ -116,9 +117,11 @@ def grade(submissions: list[Submission], grader: Grader, runner: Runner,
     left ungraded."""
     todo = [s for s in submissions if s.result is None and s.target is not None]
     jobs = [s.job() for s in todo]
+    notebooks = collections.Counter(job.chapter for job in jobs)
     for job in {(j.chapter, j.language): j for j in jobs}.values():  # built once, not per job
         grader.template(job.chapter, job.source)
-        grader.cases(job.chapter, job.source)  # recorded here, once: Dask workers read them
+        if notebooks[job.chapter] > 1:  # a class: its cases recorded once, here, before any
+            grader.record_cases(job.chapter, job.source)  # job goes (Dask workers read them)
     with _stopped_between_results() as stopping:
         for index, outcome in runner(grader, jobs):
             if stopping.is_set():  # a notebook ended by Ctrl-C is not graded

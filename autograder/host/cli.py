@@ -49,7 +49,6 @@ or died before any cell the learner wrote: that hand-in keeps its earlier grade)
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
@@ -258,7 +257,6 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
                                       named[1] if named else "", None, path))
     read(submissions, known)
     grader = Grader(_limits_of(args), _runtime_label())
-    grader.classes = _classes(submissions)
     graded = [(s.target, s.language) for s in submissions if s.result is None]
     # Graded first, shown only once the grader has proved itself: a notebook here earning
     # full marks is that proof for its chapter (nothing is recorded, so nothing is undone)
@@ -275,14 +273,6 @@ def _grade_notebooks(args: argparse.Namespace) -> int:
         payload = payload if len(payload) > 1 else payload[0]
         args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return _finish(results, any(s.grader_failed for s in submissions))
-
-
-def _classes(submissions: list) -> set[str]:
-    """The chapters of which two notebooks or more are to be graded: worth recording their
-    checks' cases once (``Grader.cases``)."""
-    counted = collections.Counter(s.target.name if s.target else s.chapter
-                                  for s in submissions if s.result is None)
-    return {chapter for chapter, notebooks in counted.items() if notebooks > 1}
 
 
 def _proved(grader: Grader, chapters: list, shown: list = ()) -> bool:
@@ -343,9 +333,7 @@ def _grade_class(args: argparse.Namespace, folder: Path, origins: dict[Path, str
     if runner is None:
         return 1
     place = ClassCourse(course, _absolute_db(args.db) if args.db else None)
-    grader = Grader(_limits_of(args), _runtime_label(), place.course_id)
-    grader.classes = _classes(submissions)
-    run = ClassRun(place, grader, known,
+    run = ClassRun(place, Grader(_limits_of(args), _runtime_label(), place.course_id), known,
                    args.state or course / "grading-state.json",
                    args.csv or course / "grades.csv", runner, args.json,
                    args.regrade or bool(_choice(args)))
