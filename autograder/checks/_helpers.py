@@ -151,7 +151,8 @@ def run_stateful(machine: type, max_examples: int, steps: int) -> None:
 
 
 def for_all(strategy: Any, check: Callable[[Any], None], max_examples: int = 150) -> None:
-    """Run ``check`` on cases drawn by the hypothesis ``strategy``.
+    """Run ``check`` on cases drawn by the hypothesis ``strategy``, which never calls the
+    learner's code (a class's notebooks are handed the cases it drew: ``_replay``).
 
     When a case fails, hypothesis shrinks it and the hint shows the smallest failing input.
     """
@@ -160,10 +161,11 @@ def for_all(strategy: Any, check: Callable[[Any], None], max_examples: int = 150
     @_settings(max_examples)
     @given(strategy)
     def run(case: Any) -> None:
+        _replay.drew(case)
         check(case)
 
     run_key = _replay.key("for_all", strategy, max_examples)
-    if _replay.replayed(run_key, lambda: run):
+    if _replay.replayed(run_key, lambda: run, "case"):
         return
     try:
         with _replay.recording(run_key):
