@@ -134,6 +134,11 @@ class SandboxedKernelManager(AsyncKernelManager):
             kw["independent"] = True
         await super()._async_launch_kernel(kernel_cmd, **(kw | {"env": env}))
 
+    async def _async_wait(self, pollinterval: float = 0.1) -> None:
+        # jupyter_client looks every tenth of a second whether a killed kernel has ended: a
+        # tenth of a second lost on most notebooks, since it seldom has at the first look
+        await super()._async_wait(pollinterval=0.005)
+
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart)
         if self._made_scratch and not restart:
