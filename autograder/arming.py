@@ -54,6 +54,7 @@ def arm(chapter: str | None = None) -> None:
         cases.unlink(missing_ok=True)
     guard.arm(slug)
     install_tripwires(slug)
+    seal.AHEAD.clear()  # what a template compiled ahead is read at arming only
     from IPython import get_ipython
 
     shell = get_ipython()

@@ -21,14 +21,12 @@ unprivileged user, and read the notebooks these defences flag.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import importlib
 import importlib.util
 import math
 import pkgutil
 import sys
-from pathlib import Path
 
 _RECORD: dict[str, int] | None = None
 _MODULES: list[str] = []  # the checks modules recorded (mutated, never rebound)
@@ -67,10 +65,9 @@ def _checks_of(chapter: str | None) -> list[str]:
 def _builtins_named(modules: list[str]) -> list[str]:
     """The builtins the checks' source names (``len``, ``isinstance``, ``AssertionError``...),
     read from the modules' files."""
-    names = set()
-    for module in modules:
-        source = Path(sys.modules[module].__file__).read_text(encoding="utf-8")
-        names |= {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    from autograder.seal import names_read
+
+    names = set().union(*(names_read(sys.modules[module].__file__) for module in modules))
     return sorted(names & set(vars(builtins)) - _REBOUND_PER_CELL)
 
 

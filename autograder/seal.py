@@ -185,8 +185,47 @@ class _Gating(ast.NodeTransformer):
 
 def gated_code(source: bytes, path: str) -> Any:
     """``source`` compiled with the gate in every function and lambda."""
-    tree = _Gating().visit(ast.parse(source, filename=path))
-    return compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True)
+    return _compiled(source, path)[0]
+
+
+def _compiled(source: bytes, path: str) -> tuple[Any, frozenset[str]]:
+    """``source`` compiled with the gate, and the names its code reads (``ast.Name``)."""
+    tree = ast.parse(source, filename=path)
+    names = frozenset(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
+    code = compile(ast.fix_missing_locations(_Gating().visit(tree)), path, "exec",
+                   dont_inherit=True)
+    return code, names
+
+
+# path -> (its source, its gated code, the names it reads): the checks of a chapter compiled
+# by its kernels' template (``compile_ahead``), before any kernel is forked from it, so that
+# each kernel imports them without compiling them again; emptied at arming (``arming.arm``),
+# before any of the learner's code runs
+AHEAD: dict[str, tuple[bytes, Any, frozenset[str]]] = {}
+
+
+def compile_ahead(paths: list[str]) -> None:
+    """Compile the checks modules at ``paths`` now, for the processes forked after."""
+    for path in paths:
+        source = Path(path).read_bytes()
+        AHEAD[path] = (source, *_compiled(source, path))
+
+
+def _ahead(path: str, source: bytes) -> tuple[Any, frozenset[str]] | None:
+    """What ``compile_ahead`` made of ``path``, where it was these very bytes and the code
+    is that file's own (what the learner's code might put here is not: it cannot make code
+    under a grader's file name); None otherwise."""
+    found = AHEAD.get(path)
+    if found is None or found[0] != source or found[1].co_filename != path:
+        return None
+    return found[1], found[2]
+
+
+def names_read(path: str) -> frozenset[str]:
+    """The names the code of the module at ``path`` reads (``ast.Name``)."""
+    source = Path(path).read_bytes()
+    ahead = _ahead(path, source)
+    return ahead[1] if ahead else _compiled(source, path)[1]
 
 
 class _GatedLoader(importlib.machinery.SourceFileLoader):
@@ -198,7 +237,9 @@ class _GatedLoader(importlib.machinery.SourceFileLoader):
 
     def get_code(self, fullname: str) -> Any:
         path = self.get_filename(fullname)
-        return gated_code(self.get_data(path), path)
+        source = self.get_data(path)
+        ahead = _ahead(path, source)
+        return ahead[0] if ahead else gated_code(source, path)
 
     def exec_module(self, module: Any) -> None:
         self._namespaces.add(id(module.__dict__))

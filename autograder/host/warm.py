@@ -123,19 +123,52 @@ def _top_level_imports(module: str) -> list[str]:
     return [name for name in found if name != "__future__"]
 
 
+# An import of the checks' own modules, at a module's top or in a function: ``from
+# autograder.checks import _helpers, ch07_audit``, ``from autograder.hidden.ch09 import x``.
+_CHECKS_IMPORT = re.compile(
+    r"from\s+(autograder\.(?:checks|hidden)(?:\.\w+)?)\s+import\s+(?:\(([^)]*)\)|([^\n]*))")
+
+
+@functools.cache
+def checks_ahead(chapter: str) -> list[str]:
+    """The files of the checks modules a kernel of ``chapter`` imports at arming (its checks,
+    its hidden checks, what they import of the checks' own modules, the replay of cases),
+    for its template to compile ahead (``seal.compile_ahead``): read, never imported."""
+    import autograder
+    from autograder.table import PARTS
+
+    parts = PARTS.get(chapter)
+    if parts is None:
+        return []
+    home = Path(autograder.__file__).parent
+    found: set[Path] = set()
+    todo = [parts.checks, parts.hidden, "autograder.checks._replay"]
+    while todo:
+        package, _, name = todo.pop().removeprefix("autograder.").partition(".")
+        path = home / package / (f"{name}.py" if name else "__init__.py")
+        if path in found or not path.is_file():  # seen, or a name a module defines
+            continue
+        found.add(path)
+        for origin, *names in _CHECKS_IMPORT.findall(path.read_text(encoding="utf-8")):
+            todo += [origin, *(f"{origin}.{name.split()[0]}" for name in "".join(names).split(",")
+                               if name.strip())]
+    return sorted(map(str, found))
+
+
 class _Template:
     """A template process, seen from the grader."""
 
-    def __init__(self, modules: list[str], env: dict[str, str]) -> None:
+    def __init__(self, modules: list[str], ahead: list[str], env: dict[str, str]) -> None:
         folder = Path(tempfile.mkdtemp(prefix="kv-warm-"))  # 0700: no one else's to reach
         self.socket = folder / "template"
-        # Its stdin is this pipe: the modules to import, then nothing until the grader is
-        # gone and the template ends.
+        # Its stdin is this pipe: the modules to import and the checks to compile, then
+        # nothing until the grader is gone and the template ends.
         self.process = subprocess.Popen(
             [sys.executable, "-m", "autograder.host.warm", "template", str(self.socket)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=env, cwd=folder)
-        self.process.stdin.write(json.dumps(modules).encode() + b"\n")
+        self.process.stdin.write(json.dumps({"import": modules, "compile": ahead}).encode()
+                                 + b"\n")
         self.process.stdin.flush()
         self.ready = self.process.stdout.readline() == b"ready\n"
 
@@ -161,12 +194,13 @@ def template_for(chapter: str, env: dict[str, str]) -> Path | None:
     template imports torch); None where kernels are not forked warm here, or it failed."""
     if not available():
         return None
-    modules = preloads(chapter)
-    key = (*modules, env.get("OMP_NUM_THREADS", ""))
+    modules, ahead = preloads(chapter), checks_ahead(chapter)
+    key = (*modules, *ahead, env.get("OMP_NUM_THREADS", ""))
     with _LOCK:
         template = _TEMPLATES.get(key)
         if template is None or not template.alive():
-            template = _TEMPLATES[key] = _Template(modules, dict(env, TRITON_INTERPRET="1"))
+            template = _TEMPLATES[key] = _Template(modules, ahead,
+                                                           dict(env, TRITON_INTERPRET="1"))
         _TEMPLATES.move_to_end(key)
         while len(_TEMPLATES) > _KEPT:
             _TEMPLATES.popitem(last=False)[1].close()
@@ -249,11 +283,16 @@ def _address_space() -> int | None:
 
 
 def template(socket_path: str) -> None:
-    """Import the modules named on stdin's first line, say ``ready``, then fork a joiner for
+    """Import the modules named on stdin's first line and compile the checks it names (not
+    imported: a kernel imports them sealed, at arming), say ``ready``, then fork a joiner for
     every request until stdin closes (the grader is gone)."""
     del sys.path[0]  # this module's working folder, as ipykernel_launcher removes its own
-    for module in json.loads(sys.stdin.buffer.readline()):
+    asked = json.loads(sys.stdin.buffer.readline())
+    for module in asked["import"]:
         __import__(module)
+    from autograder import seal
+
+    seal.compile_ahead(asked["compile"])
     # what was imported stays out of the collector's walks, so the kernels' collections do
     # not write to (and so copy) the pages they share with the template
     gc.freeze()
