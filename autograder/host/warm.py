@@ -14,7 +14,8 @@ did::
                  └── joiner ── kernel ...
     nbgrader ── launcher ── bwrap ── sleep (the submission's sandbox, built as for a cold
                  │                          kernel; the sleep only holds it open)
-                 └─ asks the template, over a Unix socket, for a kernel in that sandbox
+                 └─ asks the template, over a Unix socket, for a kernel in that sandbox,
+                    then becomes a shell that waits for the kernel's exit status
 
 The sandbox is ``autograder.host.bubblewrap``'s, built by bwrap for this submission alone,
 exactly as for a kernel started cold. The joiner, forked from the template, enters its
@@ -67,6 +68,13 @@ _NAMESPACES = ("user", "ipc", "uts", "net", "pid", "mnt")  # user first: it gran
 _CLONE = {"user": 0x10000000, "ipc": 0x08000000, "uts": 0x04000000, "net": 0x40000000,
           "pid": 0x20000000, "mnt": 0x00020000}
 _HOLD = ["/bin/sh", "-c", "echo ready; exec sleep infinity"]  # holds the sandbox open
+_STARTED = b"started\n"  # the joiner to the launcher: the kernel is forked, in the sandbox
+# What the launcher becomes once its kernel is forked: a shell (about 1 MiB, not a Python of
+# about 8 MiB, for as long as the kernel runs) that reads the kernel's exit status from the
+# joiner on descriptor 3 (1 where the joiner ended without telling it), ends the sandbox's
+# holder ($1), and exits with it (a kernel killed by a signal: 128 + its number).
+_WAIT = ('read -r status <&3 || status=1; kill -KILL "$1" 2>/dev/null; '
+         '[ "$status" -lt 0 ] && status=$((128 - status)); exit "$status"')
 
 
 def available() -> bool:
@@ -219,9 +227,9 @@ def launcher_command(socket_path: str, kernel_cmd: list[str], writable: list[Pat
 
 
 def launch(socket_path: str, cwd: Path, writable: list[Path], kernel_cmd: list[str]) -> NoReturn:
-    """Build the sandbox, have the template fork the kernel into it, and exit with the
-    kernel's status; start the kernel cold, in a sandbox of its own, where the template could
-    not be asked."""
+    """Build the sandbox, have the template fork the kernel into it, and wait for the
+    kernel's status as a shell (``_WAIT``); start the kernel cold, in a sandbox of its own,
+    where the template could not be asked."""
     # Killed with the process that started it (nbgrader), even when stopped: a reaper that
     # stopped it and was killed before killing it would leave it, and the sandbox, standing.
     parent = os.getppid()
@@ -233,43 +241,48 @@ def launch(socket_path: str, cwd: Path, writable: list[Path], kernel_cmd: list[s
     holder = subprocess.Popen(bubblewrap.wrap(_HOLD, writable, cwd, info=tell),
                               stdout=subprocess.PIPE, pass_fds=(tell,), env=env)
     os.close(tell)
-    status = None
     try:
         sandbox = bubblewrap.sandbox_pid(told)
         if holder.stdout.readline() == b"ready\n":  # bwrap has built it: the command runs
-            status = _kernel_in(socket_path, sandbox, cwd, kernel_cmd, env)
+            joiner = _kernel_in(socket_path, sandbox, cwd, kernel_cmd, env)
+            if joiner is not None:  # the kernel runs: wait for its status as a shell
+                os.dup2(joiner.fileno(), 3)
+                os.set_inheritable(3, True)  # dup2 onto itself (it was 3) leaves it as it was
+                os.execv("/bin/sh", ["sh", "-c", _WAIT, "sh", str(holder.pid)])
     except OSError:
         pass
-    finally:
-        holder.kill()
-        holder.wait()
-    if status is not None:  # a kernel killed by a signal: 128 + its number, as a shell says
-        os._exit(status if status >= 0 else 128 - status)
+    holder.kill()
+    holder.wait()
     cold = bubblewrap.wrap(kernel_cmd, writable, cwd)
     os.execve(cold[0], cold, env)
 
 
 def _kernel_in(socket_path: str, sandbox: int, cwd: Path, kernel_cmd: list[str],
-               env: dict[str, str]) -> int | None:
-    """The kernel's exit status, once the template forked it into ``sandbox`` and it ended;
-    None where no kernel was forked (the template could not be asked, or could not enter)."""
+               env: dict[str, str]) -> socket.socket | None:
+    """The connection to the joiner once the template forked the kernel into ``sandbox``
+    (the kernel's exit status comes on it, a line, when it ends); None where no kernel was
+    forked (the template could not be asked, or could not enter)."""
     memory = _address_space()
     request = json.dumps({"sandbox": sandbox, "cwd": str(cwd), "argv": kernel_cmd[3:],
                           "env": env, "memory": memory}).encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        try:
-            connection.connect(socket_path)
-            connection.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                            array.array("i", [0, 1, 2]))])
-            connection.shutdown(socket.SHUT_WR)
-        except OSError:
-            return None
-        replies = [json.loads(line) for line in
-                   b"".join(iter(lambda: connection.recv(4096), b"")).splitlines()]
-    if not replies:  # the joiner could not enter the sandbox: no kernel was forked
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(socket_path)
+        connection.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                        array.array("i", [0, 1, 2]))])
+        connection.shutdown(socket.SHUT_WR)
+        said = b""
+        while not said.endswith(b"\n"):  # a byte at a time: the status line is the shell's
+            byte = connection.recv(1)
+            if not byte:
+                break
+            said += byte
+    except OSError:
+        said = b""
+    if said != _STARTED:  # the joiner could not enter the sandbox: no kernel was forked
+        connection.close()
         return None
-    # a kernel forked whose joiner ended without its status (killed): the kernel is gone too
-    return replies[-1].get("status", 1)
+    return connection
 
 
 def _address_space() -> int | None:
@@ -345,12 +358,11 @@ def _join(connection: socket.socket, request: dict, streams: list[int]) -> NoRet
         kernel = os.fork()
         if kernel == 0:
             _kernel(request, streams)
-        connection.sendall(b'{"started": true}\n')
+        connection.sendall(_STARTED)
         for stream in streams:
             os.close(stream)
         _, waited = os.waitpid(kernel, 0)
-        connection.sendall(json.dumps({"status": os.waitstatus_to_exitcode(waited)}).encode()
-                           + b"\n")
+        connection.sendall(f"{os.waitstatus_to_exitcode(waited)}\n".encode())
     finally:
         os._exit(0)
 
