@@ -1,7 +1,8 @@
 """Replayed cases (``autograder.checks._replay``) give every check the verdict and the hint a
 run of hypothesis gives: the cases recorded on passing answers are the ones hypothesis draws
-on any passing answer, a failing one falls back to hypothesis, which finds the same failure
-and shrinks it, and a record that no longer fits its check is not used."""
+on any passing answer (``for_all``'s handed over as values, a state machine's drawn from
+their choices), a failing one falls back to hypothesis, which finds the same failure and
+shrinks it, and a record that no longer fits its check is not used."""
 
 from __future__ import annotations
 
