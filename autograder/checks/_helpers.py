@@ -158,10 +158,13 @@ def for_all(strategy: Any, check: Callable[[Any], None], max_examples: int = 150
     """
     from hypothesis import given
 
+    # ``run``'s source seeds hypothesis' derandomized draws: it stays as it is, and a
+    # recording run keeps each case through ``check``
+    check = _replay.keeping(check)
+
     @_settings(max_examples)
     @given(strategy)
     def run(case: Any) -> None:
-        _replay.drew(case)
         check(case)
 
     run_key = _replay.key("for_all", strategy, max_examples)

@@ -160,11 +160,17 @@ def replayed(run_key: str | None, test: Callable[[], Callable[..., None]],
     return True
 
 
-def drew(value: Any) -> None:
-    """In a recording run, keep ``value``, the case a check is about to run (before the check
-    can change it), where it is plain data; called by the test ``recording`` watches."""
-    if os.environ.get(RECORD):
-        _DREW.append(marshal.dumps(value) if _plain(value) else None)
+def keeping(check: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``check``, which in a recording run first keeps the case it is handed (before it can
+    change it), where it is plain data, for ``recording``; elsewhere ``check`` itself."""
+    if not os.environ.get(RECORD):
+        return check
+
+    def kept(case: Any) -> None:
+        _DREW.append(marshal.dumps(case) if _plain(case) else None)
+        check(case)
+
+    return kept
 
 
 def _plain(value: Any) -> bool:

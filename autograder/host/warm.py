@@ -248,7 +248,8 @@ def launch(socket_path: str, cwd: Path, writable: list[Path], kernel_cmd: list[s
             if joiner is not None:  # the kernel runs: wait for its status as a shell
                 os.dup2(joiner.fileno(), 3)
                 os.set_inheritable(3, True)  # dup2 onto itself (it was 3) leaves it as it was
-                os.execv("/bin/sh", ["sh", "-c", _WAIT, "sh", str(holder.pid)])
+                # the kernel's command after the holder's pid: unused, but what ``ps`` shows
+                os.execv("/bin/sh", ["sh", "-c", _WAIT, "sh", str(holder.pid), *kernel_cmd])
     except OSError:
         pass
     holder.kill()
