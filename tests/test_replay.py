@@ -6,8 +6,10 @@ shrinks it, and a record that no longer fits its check is not used."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import marshal
+import re
 import types
 
 import nbformat
@@ -18,11 +20,15 @@ from notebook_variants import fill, from_module, source_named
 from subjects import alternative_subjects
 
 from autograder.checks import _replay
+from autograder.checks._helpers import verdict_only
 from autograder.host.autograde import RECORDER, Grader, Job, Limits
 from autograder.table import PARTS
 
 # a chapter of functions and for_all, and one of classes and state machines
 REPLAYED = [c for c in CHAPTERS if c.number in ("02", "14")]
+# the other state machines' chapters: their mutants' failures compared as first found, not
+# shrunk (shrinking each twice would take minutes)
+UNSHRUNK = [c for c in CHAPTERS if c.number in ("03", "04")]
 
 
 def _thorough(chapter, name):
@@ -46,7 +52,9 @@ def _verdict(check, subject) -> str | None:
     try:
         check(subject)
     except AssertionError as failure:
-        return str(failure)
+        # chapter 3's timings of the free pool, measured afresh (no case is drawn for them)
+        text = str(failure)
+        return re.sub(r"\d+(\.\d+)?", "#", text) if "per call" in text else text
     return None
 
 
@@ -77,16 +85,16 @@ def _engine_runs(monkeypatch) -> list:
     return started
 
 
-@pytest.mark.parametrize("chapter", REPLAYED, ids=lambda c: c.name)
+@pytest.mark.parametrize("chapter", REPLAYED + UNSHRUNK, ids=lambda c: c.name)
 def test_replayed_checks_pass_every_alternative_and_give_every_mutant_its_hint(
         chapter, tmp_path, records):
+    found = verdict_only if chapter in UNSHRUNK else contextlib.nullcontext
     recorded = tmp_path / "cases"
     _record(chapter, recorded, records)
     assert _replay.load(recorded)
     assert _replay._RECORDS, "the chapter's checks recorded nothing"
-    for run_key, (cases, values) in _replay._RECORDS.items():  # for_all's cases: plain data
-        assert run_key.startswith("stateful") or values is not None and \
-            len(values) == len(cases), run_key
+    for run_key, (cases, values) in _replay._RECORDS.items():  # every case kept as values
+        assert values is not None and len(values) == len(cases), run_key
     started = _engine_runs(records)
     for name, subject in _passing(chapter):  # replayed: hypothesis' engine never starts
         assert _verdict(_thorough(chapter, name), subject) is None, (name, subject)
@@ -95,9 +103,11 @@ def test_replayed_checks_pass_every_alternative_and_give_every_mutant_its_hint(
     for name, mutants in _mutants(chapter).items():
         for mutant, _ in mutants:
             records.setattr(_replay, "_RECORDS", types.MappingProxyType({}))
-            drawn = _verdict(_thorough(chapter, name), mutant)
+            with found():
+                drawn = _verdict(_thorough(chapter, name), mutant)
             records.setattr(_replay, "_RECORDS", types.MappingProxyType(replayed))
-            assert _verdict(_thorough(chapter, name), mutant) == drawn, (name, mutant)
+            with found():
+                assert _verdict(_thorough(chapter, name), mutant) == drawn, (name, mutant)
 
 
 def test_a_record_that_no_longer_fits_its_check_is_not_replayed(tmp_path, records):

@@ -141,7 +141,8 @@ def run_stateful(machine: type, max_examples: int, steps: int) -> None:
 
     chosen = _settings(max_examples, stateful_step_count=steps)
     run_key = _replay.key("stateful", machine, max_examples, steps)
-    if _replay.replayed(run_key, lambda: get_state_machine_test(machine, settings=chosen)):
+    if _replay.replayed(run_key, lambda: get_state_machine_test(machine, settings=chosen),
+                        "data"):
         return
     try:
         with _replay.recording(run_key):

@@ -3,8 +3,9 @@ that leaves the grades an ``autograde`` gave where the grader reads them.
 
 nbgrader starts without jsonschema's format checkers (``course.runtime.without_format_checkers``:
 about one and a half seconds of CPU in every grading process, for a check nbformat never
-asks for); everything else is nbgrader unchanged. The grader's own command line starts the
-same way (``autograder.__main__``).
+asks for), and checks its metadata schema once rather than before each cell it validates
+(``_schema_checked_once``); everything else is nbgrader unchanged. The grader's own command
+line starts the same way (``autograder.__main__``).
 
 With ``KV_COURSE_SCORES`` set to a file, ``autograde ASSIGNMENT --student LEARNER`` also
 writes there, as JSON, the score of each graded cell of the learner's notebook, read with
@@ -15,6 +16,7 @@ nbgrader to read them.
 import json
 import os
 import sys
+import types
 from pathlib import Path
 
 from course.runtime import without_format_checkers
@@ -37,6 +39,29 @@ def write_scores(coursedir, destination: Path) -> None:
         destination.write_text(json.dumps({g.name: g.score for g in graded.grades}))
 
 
+def _schema_checked_once() -> None:
+    """nbgrader validates each graded cell's metadata with ``jsonschema.validate``, which
+    checks the schema itself before every cell (about 25 ms a notebook, of the three
+    validations an ``autograde`` makes). Here nbgrader's validation checks each schema once,
+    then validates each cell as ``jsonschema.validate`` does: the same validator class, the
+    best match among the errors raised."""
+    from jsonschema import exceptions, validators
+    from nbgrader.nbgraderformat import common
+
+    checked: dict[int, tuple] = {}  # id(schema) -> (schema, its validator)
+
+    def validate(instance: object, schema: dict) -> None:
+        if checked.get(id(schema), (None,))[0] is not schema:
+            kind = validators.validator_for(schema)
+            kind.check_schema(schema)
+            checked[id(schema)] = (schema, kind(schema))
+        error = exceptions.best_match(checked[id(schema)][1].iter_errors(instance))
+        if error is not None:
+            raise error
+
+    common.jsonschema = types.SimpleNamespace(validate=validate)
+
+
 def preload() -> None:
     """Import what nbgrader's ``autograde`` uses, and build the notebook validators it builds
     on first use, so that a process forked after it (``autograder.host.forkserver``) starts
@@ -49,6 +74,8 @@ def preload() -> None:
     from nbgrader.apps.nbgraderapp import main  # noqa: F401
 
     from autograder.host import kernel  # noqa: F401 - nbgrader's kernel manager (configuration)
+
+    _schema_checked_once()
 
     # Each is compiled from nbformat's schema on first use (about 50 ms): strict for reading
     # and writing a notebook, relaxed for nbconvert's checks between preprocessors. Built
