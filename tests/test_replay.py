@@ -1,8 +1,9 @@
 """Replayed cases (``autograder.checks._replay``) give every check the verdict and the hint a
 run of hypothesis gives: the cases recorded on passing answers are the ones hypothesis draws
-on any passing answer (``for_all``'s handed over as values, a state machine's drawn from
-their choices), a failing one falls back to hypothesis, which finds the same failure and
-shrinks it, and a record that no longer fits its check is not used."""
+on any passing answer (``for_all``'s handed over as values, a state machine's steps and its
+rules' draws played back to hypothesis' run of the machine), a failing one falls back to
+hypothesis, which finds the same failure and shrinks it, and a record that no longer fits its
+check is not used."""
 
 from __future__ import annotations
 
@@ -130,6 +131,35 @@ def test_a_record_that_no_longer_fits_its_check_is_not_replayed(tmp_path, record
     assert not _replay.load(recorded)
     recorded.write_bytes(b"not a record")
     assert not _replay.load(recorded)
+
+
+def test_a_state_machine_whose_rules_draw_from_other_samples_is_not_replayed(tmp_path, records):
+    """A rule's draw from another sample than the one recorded means the machine's state
+    went otherwise: the case is drawn afresh by hypothesis, not played back."""
+    chapter = UNSHRUNK[-1]
+    recorded = tmp_path / "cases"
+    _record(chapter, recorded, records)
+    written, cases = marshal.loads(recorded.read_bytes())
+
+    def elsewhere(tape: bytes) -> bytes:
+        steps = list(marshal.loads(tape))
+        for index, step in enumerate(steps):
+            if step[0] == _replay._DRAW:
+                steps[index] = (_replay._DRAW,
+                                marshal.dumps(("SampledFromStrategy", (99,))), step[2])
+                break
+        return marshal.dumps(tuple(steps))
+
+    machines = {key for key in cases if key.startswith("stateful")}
+    assert machines and all(cases[key][1] is not None for key in machines)
+    recorded.write_bytes(marshal.dumps((written, {
+        key: (runs, tuple(map(elsewhere, values)) if key in machines else values)
+        for key, (runs, values) in cases.items()})))
+    assert _replay.load(recorded)
+    started = _engine_runs(records)
+    for name, subject in _passing(chapter):
+        assert _verdict(_thorough(chapter, name), subject) is None
+    assert started, "steps drawn from other samples were played back"
 
 
 def test_state_machines_built_with_other_values_are_told_apart():

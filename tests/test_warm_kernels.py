@@ -89,7 +89,9 @@ def _resident_mib(pid: int) -> float:
 def test_nothing_one_kernel_leaves_reaches_the_next(tmp_path):
     template = warm.template_for(CHAPTER, dict(os.environ))
     assert template is not None
-    server = next(t.process.pid for t in warm._TEMPLATES.values() if t.socket == template)
+    server = next(t for t in warm._TEMPLATES.values() if t.socket == template)
+    assert server.ready()
+    server = server.process.pid
     held = _resident_mib(server)
 
     async def three_kernels() -> tuple[str, str, str]:

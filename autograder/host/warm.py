@@ -170,18 +170,28 @@ class _Template:
         folder = Path(tempfile.mkdtemp(prefix="kv-warm-"))  # 0700: no one else's to reach
         self.socket = folder / "template"
         # Its stdin is this pipe: the modules to import and the checks to compile, then
-        # nothing until the grader is gone and the template ends.
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "autograder.host.warm", "template", str(self.socket)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=env, cwd=folder)
+        # nothing until the grader is gone and the template ends. Not waited for: its socket
+        # listens from here on (handed to it), so the first notebook's nbgrader starts
+        # while it imports, and a kernel asked for before it is ready waits for it (a
+        # template that ends unready closes the connection: that kernel starts cold).
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(str(self.socket))
+            listener.listen(16)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "autograder.host.warm", "template", str(self.socket),
+                 str(listener.fileno())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=env, cwd=folder, pass_fds=(listener.fileno(),))
         self.process.stdin.write(json.dumps({"import": modules, "compile": ahead}).encode()
                                  + b"\n")
         self.process.stdin.flush()
-        self.ready = self.process.stdout.readline() == b"ready\n"
 
     def alive(self) -> bool:
-        return self.ready and self.process.poll() is None
+        return self.process.poll() is None
+
+    def ready(self) -> bool:
+        """Wait until it has imported its modules; whether it did (it may have ended)."""
+        return self.process.stdout.readline() == b"ready\n"
 
     def close(self) -> None:
         """End it (its stdin closed); kernels forked from it run on."""
@@ -296,27 +306,28 @@ def _address_space() -> int | None:
 # ---------------------------------------------------------------------------- the template
 
 
-def template(socket_path: str) -> None:
+def template(socket_path: str, listening: int) -> None:
     """Import the modules named on stdin's first line and compile the checks it names (not
     imported: a kernel imports them sealed, at arming), say ``ready``, then fork a joiner for
-    every request until stdin closes (the grader is gone)."""
+    every request on the socket at ``socket_path`` (listening on descriptor ``listening``
+    already: a launcher that asks while the modules load waits for them) until stdin closes
+    (the grader is gone)."""
     del sys.path[0]  # this module's working folder, as ipykernel_launcher removes its own
-    asked = json.loads(sys.stdin.buffer.readline())
-    for module in asked["import"]:
-        __import__(module)
-    from autograder import seal
-
-    seal.compile_ahead(asked["compile"])
-    # what was imported stays out of the collector's walks, so the kernels' collections do
-    # not write to (and so copy) the pages they share with the template
-    gc.freeze()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(socket_path)
-    listener.listen(16)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # joiners are reaped by the system
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
+    listener = socket.socket(fileno=listening)
     try:
+        asked = json.loads(sys.stdin.buffer.readline())
+        for module in asked["import"]:
+            __import__(module)
+        from autograder import seal
+
+        seal.compile_ahead(asked["compile"])
+        # what was imported stays out of the collector's walks, so the kernels' collections
+        # do not write to (and so copy) the pages they share with the template
+        gc.freeze()
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # joiners are reaped by the system
+        with contextlib.suppress(BrokenPipeError):  # read only by whoever waits for it
+            sys.stdout.write("ready\n")
+            sys.stdout.flush()
         while select.select([listener, sys.stdin], [], [])[0] != [sys.stdin]:
             connection, _ = listener.accept()
             with connection:
@@ -328,7 +339,7 @@ def template(socket_path: str) -> None:
                     _join(connection, request, streams)
                 for stream in streams:
                     os.close(stream)
-    finally:  # stdin readable: at its end, the grader is gone
+    finally:  # stdin readable: at its end, the grader is gone (or the imports failed)
         listener.close()
         shutil.rmtree(Path(socket_path).parent, ignore_errors=True)
 
@@ -445,7 +456,7 @@ def _kernel(request: dict, streams: list[int]) -> NoReturn:
 
 if __name__ == "__main__":
     if sys.argv[1] == "template":
-        template(sys.argv[2])
+        template(sys.argv[2], int(sys.argv[3]))
     else:  # launch SOCKET CWD WRITABLE... -- KERNEL_CMD...
         split = sys.argv.index("--")
         launch(sys.argv[2], Path(sys.argv[3]), [Path(p) for p in sys.argv[4:split]],
