@@ -33,12 +33,14 @@ be defined as interpreted); ``check`` runs anywhere.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import inspect
 import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -394,23 +396,90 @@ def _names(code: types.CodeType) -> set[str]:
 @functools.lru_cache(maxsize=256)
 def _inspect_source(text: str, name: str, dtype: str, constants: str, target: str,
                     full: bool) -> str:
-    with tempfile.TemporaryDirectory(prefix="kv-compile-") as folder:
-        path = Path(folder) / "learner_kernel.py"
-        path.write_text(text, encoding="utf-8")
-        environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        environment.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-        command = [sys.executable, "-m", "kernels.compile_check", "--module", str(path),
-                   "--kernel", name, "--dtype", dtype, "--constants", constants, "--target",
-                   target, "--json"] + (["--full"] if full else [])
-        done = subprocess.run(command, capture_output=True, text=True, env=environment,
-                              timeout=600, cwd=folder)
-    for line in reversed(done.stdout.splitlines()):
+    arguments = ["--kernel", name, "--dtype", dtype, "--constants", constants, "--target",
+                 target, "--json"] + (["--full"] if full else [])
+    said = _Compiler.asked(text, arguments)
+    for line in reversed(said.splitlines()):
         if line.startswith("{"):
             return line
-    lines = (done.stderr or done.stdout).strip().splitlines()
+    lines = said.strip().splitlines()
     return json.dumps({"kernel": name, "target": target, "dtype": dtype,
                        "error": f"the compile process failed: {lines[-1] if lines else ''}",
                        "products": [], "internal": True})
+
+
+class _Compiler:
+    """A process that has imported Triton to compile for GPUs (not for the interpreter) and
+    forks a child for each kernel it is asked about: the child writes the kernel's source to
+    a folder of its own, loads it and compiles it as ``--module`` does, and ends. No kernel's
+    source runs in the process itself, so nothing one does reaches the next; Triton's import,
+    most of a fresh process's time, is paid once per process that asks."""
+
+    _process: subprocess.Popen | None = None
+
+    @classmethod
+    def asked(cls, text: str, arguments: list[str]) -> str:
+        """What ``main`` prints for ``--module`` (the kernel's ``text``) and ``arguments``,
+        with its errors; an interrupted question ends the process (the next starts another)."""
+        try:
+            process = cls._process
+            if process is None or process.poll() is not None:
+                environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+                environment.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+                process = cls._process = subprocess.Popen(
+                    [sys.executable, "-m", "kernels.compile_check", "--serve"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                    text=True, env=environment, cwd=tempfile.gettempdir(),
+                    start_new_session=True)
+            process.stdin.write(json.dumps({"text": text, "arguments": arguments}) + "\n")
+            process.stdin.flush()
+            answer = process.stdout.readline()
+            if answer:
+                return json.loads(answer)
+        except BaseException:
+            cls.end()
+            raise
+        cls.end()
+        return "the compile process ended"
+
+    @classmethod
+    def end(cls) -> None:
+        if cls._process is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(cls._process.pid, signal.SIGKILL)
+            cls._process.wait()
+            cls._process = None
+
+
+def _serve() -> None:
+    """``--serve``: answer each question on stdin (a JSON line: the kernel's source and
+    ``main``'s arguments) with what ``main`` printed, as a JSON line, from a child forked
+    for that kernel alone."""
+    import triton  # noqa: F401 - imported once, for every child
+    from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+
+    for line in sys.stdin:
+        asked = json.loads(line)
+        with tempfile.TemporaryDirectory(prefix="kv-compile-") as folder:
+            path = Path(folder) / "learner_kernel.py"
+            path.write_text(asked["text"], encoding="utf-8")
+            printed = Path(folder) / "printed"
+            child = os.fork()
+            if child == 0:
+                try:
+                    os.chdir(folder)
+                    with open(printed, "w", encoding="utf-8") as out:
+                        os.dup2(out.fileno(), 1)
+                        os.dup2(out.fileno(), 2)
+                        sys.stdout = sys.stderr = out
+                        main(["--module", str(path), *asked["arguments"]])
+                        out.flush()
+                finally:
+                    os._exit(0)
+            os.waitpid(child, 0)
+            said = printed.read_text(encoding="utf-8") if printed.exists() else ""
+        sys.stdout.write(json.dumps(said) + "\n")
+        sys.stdout.flush()
 
 
 def inspect_anywhere(kernel, dtype: str = "fp16", constants: dict[str, int] | None = None,
@@ -598,4 +667,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    if sys.argv[1:] == ["--serve"]:
+        _serve()
+    else:
+        sys.exit(main(sys.argv[1:]))

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -248,3 +249,24 @@ def test_a_wrong_kernel_costs_the_wrapper_nothing_while_graded(monkeypatch):
         exec(compile(inspect.getsource(function), "<notebook cell>", "exec"), notebook)
     with _in_a_graded_test_cell(monkeypatch):
         hidden.check_paged_attention_thoroughly(notebook["paged_attention"])
+
+
+def test_the_compile_checks_process_keeps_nothing_of_one_kernel_for_the_next():
+    """``compile_check.inspect_anywhere`` asks one process per kernel process, which imported
+    Triton once and forks a child for each kernel: what a kernel's module does as it loads
+    (here, a mark left on Triton) is gone for the next."""
+    from kernels import compile_check
+
+    kernel = course_kernels.paged_attention_kernel
+    text = compile_check.source_of(kernel)
+    names = list(inspect.signature(compile_check._function(kernel)).parameters)
+    constants = json.dumps(compile_check.constants_for(names, dtype="fp16"), sort_keys=True)
+    arguments = ("paged_attention_kernel", "fp16", constants, "sm_80 (A100)", False)
+    leaves = "import triton\ntriton.left_behind = True\n" + text
+    looks = "import triton\nassert not hasattr(triton, 'left_behind'), 'left behind'\n" + text
+    first = json.loads(compile_check._inspect_source(leaves, *arguments))
+    server = compile_check._Compiler._process.pid
+    second = json.loads(compile_check._inspect_source(looks, *arguments))
+    assert compile_check._Compiler._process.pid == server  # the same process answered both
+    for answer in (first, second):
+        assert not answer["error"] and answer["products"][0]["int64"], answer
