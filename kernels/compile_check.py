@@ -13,8 +13,8 @@ kernel builds for Colab's T4 (sm_75), the A100 (sm_80) and the H100/H200 (sm_90)
     python -m kernels.compile_check --module my_kernels.py [--kernel NAME ...]   # your own
         [--dtype fp16] [--block-size 16] [--head-dim 80] [--group 4]
 
-and from a notebook, where kernels run on the interpreter (the compile runs in a fresh
-process)::
+and from a notebook, where kernels run on the interpreter (the compile runs in another
+process, which loads each kernel in a fresh child of its own)::
 
     from kernels import compile_check
     compile_check.check(paged_attention_kernel)                    # fp16, blocks of 16
