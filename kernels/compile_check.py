@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import traceback
 import types
 from pathlib import Path
 
@@ -465,16 +466,22 @@ def _serve() -> None:
             path.write_text(asked["text"], encoding="utf-8")
             printed = Path(folder) / "printed"
             child = os.fork()
-            if child == 0:
+            if child == 0:  # the questions stay the server's; what it prints, the answer
+                os.chdir(folder)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                out = open(printed, "w", encoding="utf-8")  # noqa: SIM115 - kept to the exit
+                os.dup2(out.fileno(), 1)
+                os.dup2(out.fileno(), 2)
+                sys.stdin, sys.stdout, sys.stderr = open(os.devnull), out, out  # noqa: SIM115
                 try:
-                    os.chdir(folder)
-                    with open(printed, "w", encoding="utf-8") as out:
-                        os.dup2(out.fileno(), 1)
-                        os.dup2(out.fileno(), 2)
-                        sys.stdout = sys.stderr = out
-                        main(["--module", str(path), *asked["arguments"]])
-                        out.flush()
+                    main(["--module", str(path), *asked["arguments"]])
+                except SystemExit as stopped:  # a message, as a fresh process would print it
+                    if not isinstance(stopped.code, int | None):
+                        print(stopped.code)
+                except BaseException:
+                    traceback.print_exc()
                 finally:
+                    out.flush()
                     os._exit(0)
             os.waitpid(child, 0)
             said = printed.read_text(encoding="utf-8") if printed.exists() else ""
